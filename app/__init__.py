@@ -1,0 +1,3 @@
+"""Ferryman: durable LLM agent sessions on PostgreSQL."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""HTTP: routers, request/response schemas, problem+json errors, auth."""

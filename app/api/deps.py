@@ -1,0 +1,74 @@
+"""Dependencies as `Annotated` aliases: the services, the database, the calling owner."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.db.pool import Database
+from app.errors import AuthRequired, InvalidApiKey
+from app.services import Services
+from app.store import keys
+
+LOCAL_OWNER = "local"
+
+_bearer = HTTPBearer(auto_error=False, description="An API key from `ferryman keys create`.")
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_db(services: ServicesDep) -> Database:
+    return services.db
+
+
+DatabaseDep = Annotated[Database, Depends(get_db)]
+
+
+async def _resolve_owner(services: Services, request: Request, token: str | None) -> str:
+    if token is None and request.headers.get("authorization"):
+        raise InvalidApiKey("the Authorization header must be `Bearer <api key>`")
+    if token:
+        async with services.db.connection() as conn:
+            owner = await keys.owner_for_key(conn, token)
+        if owner is None:
+            raise InvalidApiKey("the API key is unknown or revoked")
+        return owner
+    if services.settings.auth_mode == "local":
+        return LOCAL_OWNER
+    raise AuthRequired("an API key is required: send `Authorization: Bearer <key>`")
+
+
+async def current_owner(
+    services: ServicesDep,
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    return await _resolve_owner(services, request, credentials.credentials if credentials else None)
+
+
+async def current_stream_owner(
+    services: ServicesDep,
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    access_token: Annotated[
+        str | None,
+        Query(
+            alias="access_token",
+            description="The API key, for browsers' EventSource, which cannot send headers.",
+        ),
+    ] = None,
+) -> str:
+    token = credentials.credentials if credentials else access_token
+    return await _resolve_owner(services, request, token)
+
+
+Owner = Annotated[str, Depends(current_owner)]
+StreamOwner = Annotated[str, Depends(current_stream_owner)]

@@ -1,0 +1,150 @@
+"""Request and response bodies, camelCase on the wire. Requests forbid unknown fields."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from app.domain import (
+    MAX_MESSAGE_CHARS,
+    MAX_METADATA_BYTES,
+    MAX_PROMPT_CHARS,
+    MAX_SCRIPT_TURNS,
+    MAX_TITLE_CHARS,
+    MAX_TOOLS,
+    Status,
+)
+
+
+def _storable(value: Any) -> Any:
+    """Reject what PostgreSQL cannot store: NUL characters and unpaired surrogates."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError("must be valid Unicode (no unpaired surrogates)") from exc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _storable(key)
+            _storable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _storable(item)
+    return value
+
+
+def _small_json(value: dict[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(value, separators=(",", ":")).encode())
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON, got {size}")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable), AfterValidator(_small_json)]
+ToolName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")]
+Title = Annotated[Text, Field(min_length=1, max_length=MAX_TITLE_CHARS)]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScriptToolCall(Request):
+    name: Text = Field(min_length=1, max_length=200)
+    arguments: JsonObject = Field(default_factory=dict)
+
+
+class ScriptTurn(Request):
+    text: Text | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+    toolCalls: list[ScriptToolCall] | None = Field(default=None, max_length=32)
+    stopReason: Literal["stop", "tool_use", "length", "error", "aborted"] | None = None
+    delayMs: int | None = Field(default=None, ge=0, le=600_000)
+    chunks: int | None = Field(default=None, ge=1, le=10_000)
+
+
+class CreateSession(Request):
+    prompt: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    title: Title | None = None
+    model: str | None = Field(
+        default=None, pattern=r"^(scripted|openai:[A-Za-z0-9._:/-]{1,200})$", max_length=220
+    )
+    script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
+    tools: list[ToolName] | None = Field(default=None, max_length=MAX_TOOLS)
+    metadata: JsonObject | None = None
+
+
+class RenameSession(Request):
+    title: Title
+
+
+class PostMessage(Request):
+    text: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class Lease(BaseModel):
+    workerId: str
+    pid: int | None
+    expiresAt: str | None
+
+
+class Session(BaseModel):
+    id: str
+    ownerId: str
+    title: str
+    status: Status
+    attempt: int
+    model: str
+    prompt: str
+    activeStage: str | None
+    error: dict[str, Any] | None
+    cancelRequested: bool
+    lease: Lease | None
+    lastSeq: int
+    createdAt: str
+    updatedAt: str
+    metadata: dict[str, Any]
+
+
+class SessionList(BaseModel):
+    sessions: list[Session]
+    cursor: str = Field(description="Owner-event cursor of this snapshot: stream from it.")
+    nextPageToken: str | None
+
+
+class CancelAccepted(BaseModel):
+    id: str
+    cancelRequested: Literal[True]
+    status: Status
+
+
+class MessageOut(BaseModel):
+    seq: int
+    text: str
+    delivery: Literal["steer", "queued"]
+
+
+class MessageAccepted(BaseModel):
+    id: str
+    message: MessageOut
+
+
+class EventEnvelope(BaseModel):
+    id: str
+    type: str
+    sessionId: str
+    ownerId: str
+    ts: str
+    phase: Literal["backlog", "live"]
+    seq: int
+    attempt: int
+    data: dict[str, Any]
+
+
+class Transcript(BaseModel):
+    events: list[EventEnvelope]
+    lastSeq: int

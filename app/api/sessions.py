@@ -1,0 +1,256 @@
+"""The sessions API of SPEC section 3."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import JSONResponse
+
+from app.api import schemas
+from app.api.deps import DatabaseDep, Owner, ServicesDep
+from app.api.problems import PROBLEM_JSON
+from app.domain import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    TERMINAL,
+    Status,
+    default_title,
+    session_view,
+)
+from app.errors import InvalidPageToken, SessionNotFound
+from app.store import events as event_store
+from app.store import sessions as session_store
+from app.store.notify import session_key
+from app.streams.frames import session_envelope
+
+router = APIRouter(prefix="/api/agent", tags=["sessions"])
+
+_PROBLEM = {"content": {PROBLEM_JSON: {}}, "description": "problem+json"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _PROBLEM,
+    404: _PROBLEM,
+    422: _PROBLEM,
+    503: _PROBLEM,
+}
+
+
+def parse_session_id(raw: str) -> UUID:
+    """A path id; anything that is not a UUID names no session (404, like a foreign one)."""
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise SessionNotFound() from None
+
+
+def _encode_page_token(key: session_store.PageKey) -> str:
+    raw = json.dumps({"t": key.created_at.isoformat(), "i": str(key.id)})
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_page_token(token: str) -> session_store.PageKey:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        data = json.loads(raw)
+        return session_store.PageKey(datetime.fromisoformat(data["t"]), UUID(data["i"]))
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidPageToken("pageToken is not one this server issued") from None
+
+
+@router.post(
+    "",
+    operation_id="createSession",
+    status_code=status.HTTP_201_CREATED,
+    response_model=schemas.Session,
+    responses={
+        200: {"model": schemas.Session, "description": "Idempotent replay"},
+        409: _PROBLEM,
+        **_ERRORS,
+    },
+)
+async def create_session(
+    body: schemas.CreateSession,
+    owner: Owner,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=MAX_IDEMPOTENCY_KEY_CHARS,
+            description="Same key and body: the same session (200). Same key, other body: 409.",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    new = session_store.NewSession(
+        prompt=body.prompt,
+        title=body.title or default_title(body.prompt),
+        model=body.model or services.settings.model,
+        script=[turn.model_dump(exclude_none=True) for turn in body.script]
+        if body.script is not None
+        else None,
+        tools=body.tools,
+        metadata=body.metadata or {},
+    )
+    async with services.db.transaction() as conn:
+        row, created = await session_store.create_session(conn, owner, new, idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    response.headers["Location"] = f"/api/agent/{row['id']}"
+    return session_view(row)
+
+
+@router.get("", operation_id="listSessions", response_model=schemas.SessionList, responses=_ERRORS)
+async def list_sessions(
+    owner: Owner,
+    db: DatabaseDep,
+    status_filter: Annotated[
+        list[Status] | None, Query(alias="status", description="Repeatable.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    page_token: Annotated[str | None, Query(alias="pageToken", max_length=512)] = None,
+) -> dict[str, Any]:
+    after = _decode_page_token(page_token) if page_token else None
+    async with db.transaction() as conn:
+        rows, cursor, next_key = await session_store.list_sessions(
+            conn, owner, [str(s) for s in status_filter] if status_filter else None, limit, after
+        )
+    return {
+        "sessions": [session_view(row) for row in rows],
+        "cursor": str(cursor),
+        "nextPageToken": _encode_page_token(next_key) if next_key else None,
+    }
+
+
+@router.get(
+    "/{session_id}", operation_id="getSession", response_model=schemas.Session, responses=_ERRORS
+)
+async def get_session(session_id: str, owner: Owner, db: DatabaseDep) -> dict[str, Any]:
+    async with db.connection() as conn:
+        row = await session_store.get_session(conn, owner, parse_session_id(session_id))
+    return session_view(row)
+
+
+@router.patch(
+    "/{session_id}",
+    operation_id="renameSession",
+    response_model=schemas.Session,
+    responses=_ERRORS,
+)
+async def rename_session(
+    session_id: str, body: schemas.RenameSession, owner: Owner, db: DatabaseDep
+) -> dict[str, Any]:
+    async with db.transaction() as conn:
+        row = await session_store.rename(conn, owner, parse_session_id(session_id), body.title)
+    return session_view(row)
+
+
+@router.delete(
+    "/{session_id}",
+    operation_id="deleteSession",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=_ERRORS,
+)
+async def delete_session(session_id: str, owner: Owner, db: DatabaseDep) -> Response:
+    async with db.transaction() as conn:
+        await session_store.soft_delete(conn, owner, parse_session_id(session_id))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post(
+    "/{session_id}/cancel",
+    operation_id="cancelSession",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=schemas.CancelAccepted,
+    responses={
+        200: {"model": schemas.Session, "description": "With wait=true: the terminal session"},
+        409: _PROBLEM,
+        **_ERRORS,
+    },
+)
+async def cancel_session(
+    session_id: str,
+    owner: Owner,
+    services: ServicesDep,
+    wait: Annotated[
+        bool, Query(description="Hold the answer until the session is terminal (at most 30 s).")
+    ] = False,
+) -> Any:
+    sid = parse_session_id(session_id)
+    async with services.db.transaction() as conn:
+        row = await session_store.request_cancel(conn, owner, sid)
+    if wait and Status(row["status"]) not in TERMINAL:
+        row = await _wait_terminal(services, owner, sid, services.settings.cancel_wait_seconds)
+    if wait and Status(row["status"]) in TERMINAL:
+        return JSONResponse(session_view(row), status_code=status.HTTP_200_OK)
+    return {"id": str(sid), "cancelRequested": True, "status": row["status"]}
+
+
+async def _wait_terminal(
+    services: ServicesDep, owner: str, session_id: UUID, timeout: float
+) -> dict[str, Any]:
+    """The session once terminal, or as it is when `timeout` runs out."""
+    changed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    with services.bus.subscribe(session_key(session_id), changed.set):
+        while True:
+            changed.clear()
+            async with services.db.connection() as conn:
+                row = await session_store.get_session(conn, owner, session_id)
+            remaining = deadline - loop.time()
+            if Status(row["status"]) in TERMINAL or remaining <= 0:
+                return row
+            # The poll bounds the wait when a notification is lost.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
+
+
+@router.post(
+    "/{session_id}/messages",
+    operation_id="postMessage",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=schemas.MessageAccepted,
+    responses=_ERRORS,
+)
+async def post_message(
+    session_id: str, body: schemas.PostMessage, owner: Owner, db: DatabaseDep
+) -> dict[str, Any]:
+    sid = parse_session_id(session_id)
+    async with db.transaction() as conn:
+        event, delivery = await session_store.post_message(conn, owner, sid, body.text)
+    return {
+        "id": str(sid),
+        "message": {"seq": event["seq"], "text": body.text, "delivery": delivery},
+    }
+
+
+@router.get(
+    "/{session_id}/transcript",
+    operation_id="getTranscript",
+    response_model=schemas.Transcript,
+    responses=_ERRORS,
+)
+async def get_transcript(
+    session_id: str,
+    owner: Owner,
+    db: DatabaseDep,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> dict[str, Any]:
+    sid = parse_session_id(session_id)
+    async with db.transaction() as conn:
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        row = await session_store.get_session(conn, owner, sid)
+        rows = await event_store.read_session_events(conn, sid, after, limit)
+    return {
+        "events": [session_envelope(r, "backlog") for r in rows],
+        "lastSeq": row["last_seq"],
+    }

@@ -1,0 +1,131 @@
+"""The two SSE endpoints of SPEC section 4."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import ServicesDep, StreamOwner
+from app.api.sessions import _ERRORS, parse_session_id
+from app.services import Services
+from app.store import events as event_store
+from app.store import sessions as session_store
+from app.store.notify import owner_key, session_key
+from app.streams.feed import FeedSource
+from app.streams.frames import Event, owner_event, parse_cursor, resync_reason, session_event
+from app.streams.sse import StreamOptions, event_stream, resync_stream
+
+router = APIRouter(prefix="/api/agent", tags=["streams"])
+
+_SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "description": "Server-Sent Events; each `data:` is one JSON envelope.",
+    },
+    **_ERRORS,
+}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+LastEventIdHeader = Annotated[
+    str | None, Header(alias="Last-Event-ID", description="Resume after this event id.")
+]
+LastEventIdQuery = Annotated[
+    str | None,
+    Query(alias="lastEventId", max_length=64, description="Resume after this id (header wins)."),
+]
+
+
+def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+def _options(services: Services, follow: bool = True) -> StreamOptions:
+    settings = services.settings
+    return StreamOptions(settings.ping_interval, settings.sse_retry_ms, follow)
+
+
+def owner_source(services: Services, owner: str) -> FeedSource:
+    async def head() -> tuple[int, bool]:
+        async with services.db.connection() as conn:
+            return await event_store.owner_head(conn, owner), False
+
+    async def read(after: int, limit: int) -> list[Event]:
+        async with services.db.connection() as conn:
+            rows = await event_store.read_owner_events(conn, owner, after, limit)
+        return [owner_event(row) for row in rows]
+
+    return FeedSource(owner_key(owner), head, read)
+
+
+def session_source(services: Services, session_id: UUID) -> FeedSource:
+    async def head() -> tuple[int, bool]:
+        async with services.db.connection() as conn:
+            row = await event_store.session_head(conn, session_id)
+        return (int(row["last_seq"]), bool(row["deleted"])) if row else (0, True)
+
+    async def read(after: int, limit: int) -> list[Event]:
+        async with services.db.connection() as conn:
+            rows = await event_store.read_session_events(conn, session_id, after, limit)
+        return [session_event(row) for row in rows]
+
+    return FeedSource(session_key(session_id), head, read)
+
+
+@router.get(
+    "/owner-events",
+    operation_id="streamOwnerEvents",
+    response_class=StreamingResponse,
+    responses=_SSE_RESPONSE,
+)
+async def stream_owner_events(
+    owner: StreamOwner,
+    services: ServicesDep,
+    last_event_id: LastEventIdHeader = None,
+    last_event_id_query: LastEventIdQuery = None,
+) -> StreamingResponse:
+    """Lifecycle events of all the caller's sessions. No cursor: live from now."""
+    cursor = parse_cursor(last_event_id if last_event_id is not None else last_event_id_query)
+    async with services.db.connection() as conn:
+        last_id, first_retained = await event_store.owner_feed_bounds(conn, owner)
+    options = _options(services)
+    if cursor is None:
+        cursor = last_id
+    else:
+        reason = resync_reason(cursor, last_id, first_retained, services.settings.replay_limit)
+        if reason is not None:
+            return _sse(resync_stream(reason, cursor, last_id, options))
+    source = owner_source(services, owner)
+    return _sse(event_stream("owner", services.hub, source, cursor, options, services.shutdown))
+
+
+@router.get(
+    "/{session_id}/events",
+    operation_id="streamSessionEvents",
+    response_class=StreamingResponse,
+    responses=_SSE_RESPONSE,
+)
+async def stream_session_events(
+    session_id: str,
+    owner: StreamOwner,
+    services: ServicesDep,
+    last_event_id: LastEventIdHeader = None,
+    last_event_id_query: LastEventIdQuery = None,
+    follow: Annotated[bool, Query(description="false: close after `caught_up`.")] = True,
+) -> StreamingResponse:
+    """One session's log; ids are its `seq`. No cursor: replay from seq 1."""
+    sid = parse_session_id(session_id)
+    cursor = parse_cursor(last_event_id if last_event_id is not None else last_event_id_query)
+    async with services.db.connection() as conn:
+        row = await session_store.get_session(conn, owner, sid)
+    options = _options(services, follow)
+    last_seq = int(row["last_seq"])
+    if cursor is not None and cursor > last_seq:
+        return _sse(resync_stream("cursor_ahead", cursor, last_seq, options))
+    source = session_source(services, sid)
+    return _sse(
+        event_stream("session", services.hub, source, cursor or 0, options, services.shutdown)
+    )

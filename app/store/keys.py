@@ -1,0 +1,66 @@
+"""API keys. Only a SHA-256 digest of each key is stored: keys are 256-bit random tokens, so a
+fast digest is as safe as a slow password hash and costs nothing per request."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+from uuid import UUID, uuid4
+
+from app.db.pool import Connection
+
+KEY_PREFIX = "fm_"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def create_key(conn: Connection, owner_id: str, name: str) -> tuple[dict[str, Any], str]:
+    """Store a new key for `owner_id`; return its row and the plaintext (shown once)."""
+    key = new_key()
+    cur = await conn.execute(
+        """
+        INSERT INTO api_keys (id, owner_id, name, prefix, key_hash) VALUES (%s, %s, %s, %s, %s)
+        RETURNING id, owner_id, name, prefix, created_at, last_used_at, revoked_at
+        """,
+        (uuid4(), owner_id, name, key[:10], hash_key(key)),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row, key
+
+
+async def owner_for_key(conn: Connection, key: str) -> str | None:
+    """The owner of an unrevoked key, or None."""
+    cur = await conn.execute(
+        "SELECT owner_id FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+        (hash_key(key),),
+    )
+    row = await cur.fetchone()
+    return row["owner_id"] if row else None
+
+
+async def list_keys(conn: Connection, owner_id: str | None) -> list[dict[str, Any]]:
+    cur = await conn.execute(
+        """
+        SELECT id, owner_id, name, prefix, created_at, last_used_at, revoked_at FROM api_keys
+        WHERE %(owner)s::text IS NULL OR owner_id = %(owner)s ORDER BY created_at
+        """,
+        {"owner": owner_id},
+    )
+    return await cur.fetchall()
+
+
+async def revoke_key(conn: Connection, key_id: UUID) -> bool:
+    cur = await conn.execute(
+        "UPDATE api_keys SET revoked_at = clock_timestamp() WHERE id = %s AND revoked_at IS NULL"
+        " RETURNING id",
+        (key_id,),
+    )
+    return await cur.fetchone() is not None

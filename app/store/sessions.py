@@ -1,0 +1,299 @@
+"""Sessions: creation, listing, and the state changes the API makes (rename, cancel, follow-up,
+delete). Each function runs inside the caller's transaction and writes the row, its events and
+their NOTIFY together."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg.types.json import Jsonb
+
+from app.db.pool import Connection
+from app.domain import (
+    REQUEUEABLE,
+    TERMINAL,
+    OwnerEventType,
+    SessionEventType,
+    Status,
+    rfc3339,
+    session_view,
+)
+from app.errors import IdempotencyKeyReused, SessionAlreadyTerminal, SessionNotFound
+from app.store.events import append_owner_event, append_session_event
+from app.store.notify import WORK_KEY, notify, session_key
+
+SESSION_COLUMNS = """
+    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+    delivered_seq, created_at, updated_at, deleted_at
+"""
+
+
+@dataclass(frozen=True)
+class NewSession:
+    prompt: str
+    title: str
+    model: str
+    script: list[dict[str, Any]] | None
+    tools: list[str] | None
+    metadata: dict[str, Any]
+
+    def fingerprint(self) -> str:
+        """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
+        body = json.dumps(self.__dict__, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PageKey:
+    created_at: datetime
+    id: UUID
+
+
+async def get_session(
+    conn: Connection, owner_id: str, session_id: UUID, *, for_update: bool = False
+) -> dict[str, Any]:
+    """The owner's live session, or SessionNotFound (also for another owner's or a deleted one)."""
+    cur = await conn.execute(
+        f"SELECT {SESSION_COLUMNS} FROM sessions"
+        " WHERE id = %s AND owner_id = %s AND deleted_at IS NULL"
+        + (" FOR UPDATE" if for_update else ""),
+        (session_id, owner_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise SessionNotFound()
+    return row
+
+
+async def create_session(
+    conn: Connection, owner_id: str, new: NewSession, idempotency_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """Create a queued session with its opening `user_message` (seq 1); (row, created)."""
+    session_id = uuid4()
+    if idempotency_key is not None:
+        cur = await conn.execute(
+            """
+            INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)
+            VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING session_id
+            """,
+            (owner_id, idempotency_key, new.fingerprint(), session_id),
+        )
+        if await cur.fetchone() is None:
+            return await _replay_idempotent(conn, owner_id, idempotency_key, new), False
+
+    cur = await conn.execute(
+        f"""
+        INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata)
+        VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+        """,
+        (
+            session_id,
+            owner_id,
+            new.title,
+            new.model,
+            new.prompt,
+            Jsonb(new.script) if new.script is not None else None,
+            Jsonb(new.tools) if new.tools is not None else None,
+            Jsonb(new.metadata),
+        ),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    event = await append_session_event(
+        conn,
+        session_id,
+        SessionEventType.USER_MESSAGE,
+        {"text": new.prompt, "delivery": "queued"},
+    )
+    row = {**row, "last_seq": event["seq"]}
+    await append_owner_event(
+        conn, owner_id, session_id, OwnerEventType.SESSION_CREATED, {"session": session_view(row)}
+    )
+    await notify(conn, WORK_KEY)
+    return row, True
+
+
+async def _replay_idempotent(
+    conn: Connection, owner_id: str, key: str, new: NewSession
+) -> dict[str, Any]:
+    cur = await conn.execute(
+        "SELECT request_hash, session_id FROM idempotency_keys WHERE owner_id = %s AND key = %s",
+        (owner_id, key),
+    )
+    found = await cur.fetchone()
+    assert found is not None
+    if found["request_hash"] != new.fingerprint():
+        raise IdempotencyKeyReused()
+    cur = await conn.execute(
+        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (found["session_id"],)
+    )
+    row = await cur.fetchone()
+    if row is None:  # retention removed the session; the key is stale
+        raise SessionNotFound()
+    return row
+
+
+async def list_sessions(
+    conn: Connection,
+    owner_id: str,
+    statuses: list[str] | None,
+    limit: int,
+    after: PageKey | None,
+) -> tuple[list[dict[str, Any]], int, PageKey | None]:
+    """One page, newest first, plus the owner-event cursor read in the same snapshot.
+
+    Runs in a REPEATABLE READ transaction: the rows and the cursor come from one snapshot, so
+    streaming from the cursor afterwards misses nothing and repeats nothing.
+    """
+    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    cur = await conn.execute(
+        "SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %s), 0) AS c",
+        (owner_id,),
+    )
+    cursor_row = await cur.fetchone()
+    assert cursor_row is not None
+    cur = await conn.execute(
+        f"""
+        SELECT {SESSION_COLUMNS} FROM sessions
+        WHERE owner_id = %(owner)s AND deleted_at IS NULL
+          AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+          AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+        ORDER BY created_at DESC, id DESC
+        LIMIT %(limit)s
+        """,
+        {
+            "owner": owner_id,
+            "statuses": statuses,
+            "after_ts": after.created_at if after else None,
+            "after_id": after.id if after else None,
+            "limit": limit + 1,
+        },
+    )
+    rows = await cur.fetchall()
+    next_key = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_key = PageKey(rows[-1]["created_at"], rows[-1]["id"])
+    return rows, int(cursor_row["c"]), next_key
+
+
+async def rename(conn: Connection, owner_id: str, session_id: UUID, title: str) -> dict[str, Any]:
+    await get_session(conn, owner_id, session_id, for_update=True)
+    cur = await conn.execute(
+        f"UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s"
+        f" RETURNING {SESSION_COLUMNS}",
+        (title, session_id),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    await append_owner_event(
+        conn, owner_id, session_id, OwnerEventType.SESSION_TITLE, {"title": title}
+    )
+    return row
+
+
+async def set_status(
+    conn: Connection,
+    row: dict[str, Any],
+    status: Status,
+    *,
+    error: dict[str, Any] | None = None,
+    extra_sets: str = "",
+) -> dict[str, Any]:
+    """Change a locked session's status and announce it on the owner feed."""
+    cur = await conn.execute(
+        f"""
+        UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp() {extra_sets}
+        WHERE id = %s RETURNING {SESSION_COLUMNS}
+        """,
+        (status, Jsonb(error) if error is not None else None, row["id"]),
+    )
+    updated = await cur.fetchone()
+    assert updated is not None
+    data: dict[str, Any] = {"status": str(status), "attempt": updated["attempt"]}
+    if error is not None:
+        data["error"] = error
+    await append_owner_event(
+        conn, updated["owner_id"], updated["id"], OwnerEventType.SESSION_STATUS, data
+    )
+    return updated
+
+
+async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> dict[str, Any]:
+    """Cancel: settle a queued or waiting session at once; record the request on a running one.
+
+    Idempotent: a second request on a running session changes nothing.
+    """
+    row = await get_session(conn, owner_id, session_id, for_update=True)
+    status = Status(row["status"])
+    if status in TERMINAL:
+        raise SessionAlreadyTerminal(status)
+    if status == Status.RUNNING:
+        if row["cancel_requested_at"] is not None:
+            return row
+        cur = await conn.execute(
+            f"UPDATE sessions SET cancel_requested_at = clock_timestamp(),"
+            f" updated_at = clock_timestamp() WHERE id = %s RETURNING {SESSION_COLUMNS}",
+            (session_id,),
+        )
+        updated = await cur.fetchone()
+        assert updated is not None
+        await append_owner_event(
+            conn,
+            owner_id,
+            session_id,
+            OwnerEventType.SESSION_CANCEL_REQUESTED,
+            {"requestedAt": rfc3339(updated["cancel_requested_at"])},
+        )
+        return updated
+    # Queued or waiting: no worker holds it, so the API settles it here, under the row lock
+    # that a claim would also need; a cancel that arrives before any claim always wins.
+    await append_session_event(
+        conn,
+        session_id,
+        SessionEventType.SESSION_END,
+        {"status": "cancelled", "note": f"cancelled while {status}"},
+    )
+    return await set_status(
+        conn,
+        row,
+        Status.CANCELLED,
+        extra_sets=", cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())"
+        ", lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL",
+    )
+
+
+async def post_message(
+    conn: Connection, owner_id: str, session_id: UUID, text: str
+) -> tuple[dict[str, Any], str]:
+    """Log a follow-up message; steer a running session, re-queue a waiting or terminal one."""
+    row = await get_session(conn, owner_id, session_id, for_update=True)
+    status = Status(row["status"])
+    delivery = "steer" if status == Status.RUNNING else "queued"
+    event = await append_session_event(
+        conn, session_id, SessionEventType.USER_MESSAGE, {"text": text, "delivery": delivery}
+    )
+    if status in REQUEUEABLE:
+        await set_status(conn, row, Status.QUEUED, extra_sets=", cancel_requested_at = NULL")
+        await notify(conn, WORK_KEY)
+    return event, delivery
+
+
+async def soft_delete(conn: Connection, owner_id: str, session_id: UUID) -> None:
+    """Hide the session from lists and streams, cancelling it first if it is not terminal."""
+    row = await get_session(conn, owner_id, session_id, for_update=True)
+    if Status(row["status"]) not in TERMINAL:
+        await request_cancel(conn, owner_id, session_id)
+    await conn.execute(
+        "UPDATE sessions SET deleted_at = clock_timestamp(), updated_at = clock_timestamp()"
+        " WHERE id = %s",
+        (session_id,),
+    )
+    await append_owner_event(conn, owner_id, session_id, OwnerEventType.SESSION_DELETED, {})
+    await notify(conn, session_key(session_id))  # open session streams close

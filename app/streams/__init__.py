@@ -1,0 +1,1 @@
+"""SSE: backlog + live merge by cursor, framing, keep-alives."""

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 import psycopg
+import sqlalchemy
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
-
-from alembic import command
-from app.db.urls import sqlalchemy_url
 
 log = logging.getLogger(__name__)
 
@@ -22,35 +22,44 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x46455252594D414E  # "FERRYMAN"
 
 
-def alembic_config(url: str) -> Config:
+def _config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
     return cfg
+
+
+@contextmanager
+def _connection(url: str) -> Iterator[sqlalchemy.Connection]:
+    # A creator accepts any libpq connection string (URL or key=value), as psycopg does.
+    engine = sqlalchemy.create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(url),
+        poolclass=sqlalchemy.pool.NullPool,
+    )
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 @lru_cache(maxsize=1)
 def head_revision() -> str | None:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return ScriptDirectory.from_config(_config()).get_current_head()
 
 
 def upgrade(url: str) -> str | None:
-    """Upgrade to head under a session advisory lock; return the revision now applied."""
-    with psycopg.connect(url, autocommit=True) as lock_conn:
-        lock_conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    """Upgrade to head under an advisory lock; return the revision now applied."""
+    with _connection(url) as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
         try:
-            command.upgrade(alembic_config(url), "head")
-        finally:
-            lock_conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
-    return current_revision(url)
-
-
-def current_revision(url: str) -> str | None:
-    engine = create_engine(sqlalchemy_url(url))
-    try:
-        with engine.connect() as conn:
+            cfg = _config()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
             return MigrationContext.configure(conn).get_current_revision()
-    finally:
-        engine.dispose()
+        finally:
+            conn.execute(
+                sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY}
+            )
+            conn.commit()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 from prometheus_client import Counter, Gauge
 
-from app.store.notify import CHANNEL
+from app.store.notify import CHANNEL, EPHEMERAL_SEPARATOR
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,8 @@ NOTIFICATIONS = Counter("ferryman_bus_notifications_total", "NOTIFY messages rec
 RECONNECTS = Counter("ferryman_bus_reconnects_total", "LISTEN connection (re)connects")
 CONNECTED = Gauge("ferryman_bus_connected", "1 while the LISTEN connection is up")
 
-Waiter = Callable[[], None]
+# Called with None for a wake-up, or with the body of an ephemeral frame.
+Waiter = Callable[[str | None], None]
 
 
 class Bus:
@@ -71,9 +72,9 @@ class Bus:
                 if not waiters:
                     del self._waiters[key]
 
-    def _wake(self, key: str) -> None:
+    def _wake(self, key: str, body: str | None = None) -> None:
         for waiter in list(self._waiters.get(key, ())):
-            waiter()
+            waiter(body)
 
     def _wake_all(self) -> None:
         for key in list(self._waiters):
@@ -106,6 +107,7 @@ class Bus:
         while True:
             async for note in conn.notifies(timeout=self.probe_interval):
                 NOTIFICATIONS.inc()
-                self._wake(note.payload)
+                key, _, body = note.payload.partition(EPHEMERAL_SEPARATOR)
+                self._wake(key, body or None)
             # A dead server is not always noticed by a blocked read: probe it.
             await conn.execute("SELECT 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import sys
 from typing import Annotated, Any
 from uuid import UUID
@@ -51,8 +52,11 @@ class _Server(uvicorn.Server):
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address [FERRYMAN_HOST].")] = None,
     port: Annotated[int | None, typer.Option(help="Port [FERRYMAN_PORT].")] = None,
+    worker: Annotated[
+        bool, typer.Option("--worker/--no-worker", help="Run a worker in this process.")
+    ] = True,
 ) -> None:
-    """Run the API (on the embedded PostgreSQL unless DATABASE_URL is set)."""
+    """Run the API and a worker (on the embedded PostgreSQL unless DATABASE_URL is set)."""
     from app.main import create_app
 
     settings = _settings(host=host, port=port)
@@ -65,7 +69,7 @@ def serve(
         )
     typer.echo("Preparing the database ...", err=True)
     url = bootstrap.prepare(settings)
-    app = create_app(settings, url)
+    app = create_app(settings, url, with_worker=worker)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -79,6 +83,36 @@ def serve(
         err=True,
     )
     _Server(config).run()
+
+
+@cli.command("worker")
+def worker_command(
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, max=1000, help="Sessions run at once [FERRYMAN_WORKER_CONCURRENCY]."),
+    ] = None,
+) -> None:
+    """Run a worker alone: claim sessions and drive them until SIGTERM/SIGINT."""
+    from app.runtime.worker import Worker
+    from app.services import Services
+
+    settings = _settings(worker_concurrency=concurrency)
+    configure_logs(settings.log_level, settings.log_format)
+    url = bootstrap.prepare(settings)
+
+    async def run() -> None:
+        services = Services.create(settings, url)
+        await services.start()
+        worker = Worker(settings, services.db, services.bus)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        try:
+            await worker.run()
+        finally:
+            await services.stop()
+
+    asyncio.run(run())
 
 
 @cli.command("migrate")

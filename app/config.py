@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     lease_ttl: float = 10.0
     max_attempts: int = 5
     worker_concurrency: int = 2
+    claim_interval: float = 1.0
     tool_timeout: float = 600.0
     model: str = "scripted"
     openai_base_url: str = "https://api.openai.com/v1"

@@ -18,6 +18,7 @@ from app.api.middleware import BodyLimit, RequestMetrics
 from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.runtime.worker import Worker
 from app.services import Services
 from app.store import retention
 
@@ -45,7 +46,13 @@ async def _retention_loop(services: Services) -> None:
         await asyncio.sleep(settings.retention_interval)
 
 
-def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    database_url: str | None = None,
+    *,
+    with_worker: bool = False,
+) -> FastAPI:
+    """The API; with `with_worker`, an in-process worker runs beside it."""
     settings = settings or get_settings()
 
     @contextlib.asynccontextmanager
@@ -56,16 +63,18 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         services = Services.create(settings, url)
         app.state.services = services
         await services.start()
-        tasks = [asyncio.create_task(_retention_loop(services), name="retention")]
-        for hook in app.state.background:
-            tasks.append(asyncio.create_task(hook(services)))
+        retention_task = asyncio.create_task(_retention_loop(services), name="retention")
+        worker = Worker(settings, services.db, services.bus) if with_worker else None
+        worker_task = asyncio.create_task(worker.run(), name="worker") if worker else None
         try:
             yield
         finally:
             services.shutdown.set()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if worker is not None and worker_task is not None:
+                worker.stop()  # runs release their leases before the pool closes
+                await asyncio.gather(worker_task, return_exceptions=True)
+            retention_task.cancel()
+            await asyncio.gather(retention_task, return_exceptions=True)
             await services.stop()
 
     app = FastAPI(
@@ -74,7 +83,6 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         summary="Durable LLM agent sessions: leases, fenced writes, crash recovery, SSE.",
         lifespan=lifespan,
     )
-    app.state.background = []
     problems.install(app)
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)

@@ -36,6 +36,8 @@ class ServerProcess:
     database_url: str
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    # Sessions stay queued unless the test asks for the in-process worker.
+    worker: bool = False
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     log_path: str = ""
@@ -57,7 +59,7 @@ class ServerProcess:
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             *self.args],
+             *([] if self.worker else ["--no-worker"]), *self.args],
             env=env,
             cwd=REPO,
             stdout=log,

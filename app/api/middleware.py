@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fastapi import HTTPException
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,7 +46,7 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     too_large = True
-                    raise _TooLarge()
+                    raise _TooLarge(self.max_bytes)
             return message
 
         try:
@@ -58,13 +59,21 @@ class BodyLimit:
             413,
             "PAYLOAD_TOO_LARGE",
             "Payload Too Large",
-            f"the request body exceeds {self.max_bytes} bytes (FERRYMAN_MAX_BODY_BYTES)",
+            _too_large_detail(self.max_bytes),
         )
         await response(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised from `receive`. An HTTPException, because FastAPI turns any other error raised
+    while it reads the body into a 400; the problem handler answers it 413."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, _too_large_detail(max_bytes))
+
+
+def _too_large_detail(max_bytes: int) -> str:
+    return f"the request body exceeds {max_bytes} bytes (FERRYMAN_MAX_BODY_BYTES)"
 
 
 class RequestMetrics:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +17,10 @@ from app.errors import FerrymanError
 log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
+
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+_HTTP_TITLES = {413: "Payload Too Large"}  # the RFC 9110 name; Python 3.11 has the old one
 
 _HTTP_CODES = {
     400: "BAD_REQUEST",
@@ -71,7 +76,14 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    return problem(exc.status_code, code, detail, detail, dict(exc.headers or {}))
+    if exc.status_code == 400 and detail == _FASTAPI_BODY_ERROR:
+        # FastAPI's answer to a body json.loads cannot read (bad UTF-8, too deep, huge numbers).
+        code, detail = "MALFORMED_JSON", "the request body is not valid JSON"
+    try:
+        title = _HTTP_TITLES.get(exc.status_code) or HTTPStatus(exc.status_code).phrase
+    except ValueError:
+        title = detail
+    return problem(exc.status_code, code, title, detail, dict(exc.headers or {}))
 
 
 def _unavailable(_: Request, exc: Exception) -> JSONResponse:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.domain import (
+    MAX_JSON_DEPTH,
     MAX_MESSAGE_CHARS,
     MAX_METADATA_BYTES,
     MAX_PROMPT_CHARS,
@@ -19,7 +21,15 @@ from app.domain import (
 
 
 def _storable(value: Any) -> Any:
-    """Reject what PostgreSQL cannot store: NUL characters and unpaired surrogates."""
+    """Reject what PostgreSQL cannot store (NUL characters, unpaired surrogates, NaN and
+    Infinity) and JSON nested deeper than the responses can echo back."""
+    _check_storable(value, 0)
+    return value
+
+
+def _check_storable(value: Any, depth: int) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"must not nest more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError("must not contain NUL characters")
@@ -27,14 +37,16 @@ def _storable(value: Any) -> Any:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError("must be valid Unicode (no unpaired surrogates)") from exc
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("numbers must be finite (no NaN or Infinity)")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _storable(key)
-            _storable(item)
+            _check_storable(key, depth + 1)
+            _check_storable(item, depth + 1)
     elif isinstance(value, list):
         for item in value:
-            _storable(item)
-    return value
+            _check_storable(item, depth + 1)
 
 
 def _small_json(value: dict[str, Any]) -> dict[str, Any]:

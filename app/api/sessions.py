@@ -59,7 +59,7 @@ def _decode_page_token(token: str) -> session_store.PageKey:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = json.loads(raw)
         return session_store.PageKey(datetime.fromisoformat(data["t"]), UUID(data["i"]))
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, UnicodeDecodeError):
         raise InvalidPageToken("pageToken is not one this server issued") from None
 
 
@@ -200,7 +200,7 @@ async def _wait_terminal(
     changed = asyncio.Event()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    with services.bus.subscribe(session_key(session_id), changed.set):
+    with services.bus.subscribe(session_key(session_id), lambda _: changed.set()):
         while True:
             changed.clear()
             async with services.db.connection() as conn:

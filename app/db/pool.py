@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 Connection = psycopg.AsyncConnection[DictRow]
 
@@ -16,11 +17,26 @@ Connection = psycopg.AsyncConnection[DictRow]
 # streams retry, instead of either turning into a 500.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, PoolTimeout)
 
+# psycopg_pool doubles its reconnect delay without bound (1, 2, 4, ... 64 s): after an outage of
+# a minute the pool would stay empty for another minute. Cap it so the pool is back within
+# about this many seconds of the database.
+MAX_RECONNECT_DELAY = 2.0
+
+
+class _Pool(AsyncConnectionPool[Connection]):
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        if attempt is not None:
+            # The pool doubles `delay` after this attempt fails: keep the result under the cap.
+            attempt.delay = min(attempt.delay, MAX_RECONNECT_DELAY / attempt.DELAY_BACKOFF)
+        await super()._add_connection(attempt, growing=growing)
+
 
 class Database:
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 20, timeout: float = 5.0):
         self.url = url
-        self.pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+        self.pool: AsyncConnectionPool[Connection] = _Pool(
             url,
             min_size=min_size,
             max_size=max_size,

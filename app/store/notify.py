@@ -11,12 +11,30 @@ CHANNEL = "ferryman"
 WORK_KEY = "work"
 
 
+# `key|body`: an ephemeral frame (e.g. `message_delta`) riding on the notification itself.
+EPHEMERAL_SEPARATOR = "|"
+# NOTIFY payloads must stay under 8000 bytes.
+MAX_EPHEMERAL_BYTES = 7000
+
+
 def owner_key(owner_id: str) -> str:
     return f"o:{owner_id}"
 
 
 def session_key(session_id: UUID | str) -> str:
     return f"s:{session_id}"
+
+
+def cancel_key(session_id: UUID | str) -> str:
+    """Wakes the lease holder of a session whose cancellation was requested."""
+    return f"c:{session_id}"
+
+
+async def publish_ephemeral(conn: Connection, key: str, body: str) -> None:
+    """Send a frame that is not logged (token deltas): best effort, lost if no one listens."""
+    payload = f"{key}{EPHEMERAL_SEPARATOR}{body}"
+    if len(payload.encode()) <= MAX_EPHEMERAL_BYTES:
+        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
 
 
 async def notify(conn: Connection, key: str) -> None:

@@ -25,7 +25,7 @@ from app.domain import (
 )
 from app.errors import IdempotencyKeyReused, SessionAlreadyTerminal, SessionNotFound
 from app.store.events import append_owner_event, append_session_event
-from app.store.notify import WORK_KEY, notify, session_key
+from app.store.notify import WORK_KEY, cancel_key, notify, session_key
 
 SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -111,7 +111,10 @@ async def create_session(
         SessionEventType.USER_MESSAGE,
         {"text": new.prompt, "delivery": "queued"},
     )
-    row = {**row, "last_seq": event["seq"]}
+    # Re-read: the event moved last_seq and updated_at, and the answer must match a later GET.
+    cur = await conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
+    row = await cur.fetchone()
+    assert row is not None and row["last_seq"] == event["seq"]
     await append_owner_event(
         conn, owner_id, session_id, OwnerEventType.SESSION_CREATED, {"session": session_view(row)}
     )
@@ -251,6 +254,7 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
             OwnerEventType.SESSION_CANCEL_REQUESTED,
             {"requestedAt": rfc3339(updated["cancel_requested_at"])},
         )
+        await notify(conn, cancel_key(session_id))
         return updated
     # Queued or waiting: no worker holds it, so the API settles it here, under the row lock
     # that a claim would also need; a cancel that arrives before any claim always wins.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from app.bus import Bus
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.streams.frames import Event
+from app.streams.frames import Event, ephemeral_frame
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,23 @@ class Feed:
         self._changed = asyncio.Event()
         self._wake = asyncio.Event()
         self.subscribers = 0
+        # Ephemeral frames (token deltas): never logged, kept briefly for live subscribers.
+        self.ephemeral: deque[tuple[int, bytes]] = deque(maxlen=256)
+        self.ephemeral_count = 0
         self.task: asyncio.Task[None] | None = None
         self.subscription = contextlib.ExitStack()
 
-    def wake(self) -> None:
-        self._wake.set()
+    def wake(self, ephemeral: str | None = None) -> None:
+        if ephemeral is None:
+            self._wake.set()
+            return
+        self.ephemeral_count += 1
+        self.ephemeral.append((self.ephemeral_count, ephemeral_frame(ephemeral)))
+        self._announce()
+
+    def ephemeral_since(self, seen: int) -> tuple[list[bytes], int]:
+        """Ephemeral frames after number `seen` still in memory, and the newest number."""
+        return [frame for n, frame in self.ephemeral if n > seen], self.ephemeral_count
 
     @property
     def changed(self) -> asyncio.Event:

@@ -94,6 +94,16 @@ def sse_frame(event: str, data: str, id_: str | None = None) -> bytes:
     return f"{head}event: {event}\ndata: {data}\n\n".encode()
 
 
+def ephemeral_frame(body: str) -> bytes:
+    """A frame from an ephemeral notification body `{"type": ..., ...envelope}`: no `id:`."""
+    try:
+        envelope = json.loads(body)
+        event = str(envelope["type"])
+    except (ValueError, KeyError, TypeError):
+        return b""
+    return sse_frame(event, json.dumps({**envelope, "phase": "live"}, separators=(",", ":")))
+
+
 def control(event: str, data: dict[str, Any]) -> bytes:
     """A control frame: no `id:`, so it never moves a client's cursor."""
     return sse_frame(event, json.dumps(data, separators=(",", ":")))

@@ -82,8 +82,12 @@ async def event_stream(
             )
             if not options.follow:
                 return
+            _, ephemeral_seen = feed.ephemeral_since(0)
             while not shutdown.is_set():
                 changed = feed.changed
+                ephemeral, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
+                for frame in ephemeral:
+                    yield frame
                 try:
                     events = await feed.read(cursor)
                 except UNAVAILABLE_ERRORS:

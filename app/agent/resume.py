@@ -1,0 +1,140 @@
+"""Resume planning and tool-call repair: pure functions over a transcript.
+
+A new lease holder plans before it calls the model:
+- `start`: no usable history: run from the prompt.
+- `continue`: strip trailing assistant frames that are empty or interrupted, answer every tool
+  call left without a result (the ids come back as `repaired_tool_calls`, and the runner makes
+  each answer durable), then call the model.
+- `already-complete`: the transcript ends in a final answer, or in a successful `ask_user`:
+  settle without calling the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from app.agent.conversation import (
+    INTERRUPTED_STOPS,
+    AssistantMessage,
+    Message,
+    ToolResult,
+    UserMessage,
+)
+
+ASK_USER = "ask_user"
+INTERRUPTED_CONTENT = "worker interrupted"
+
+PlanKind = Literal["start", "continue", "already-complete"]
+Outcome = Literal["succeeded", "waiting"]
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    kind: PlanKind
+    # The conversation to give the model: well-formed, every call answered once, in order.
+    conversation: tuple[Message, ...]
+    # Synthetic results to write durably before the model is called, in call order.
+    repairs: tuple[ToolResult, ...] = ()
+    # How many trailing assistant frames were set aside.
+    stripped: int = 0
+    # For `already-complete`: how the session settles.
+    outcome: Outcome | None = None
+
+    @property
+    def repaired_tool_calls(self) -> list[str]:
+        return [r.tool_call_id for r in self.repairs]
+
+
+def interrupted_result(call_id: str, name: str) -> ToolResult:
+    return ToolResult(
+        tool_call_id=call_id,
+        name=name,
+        content=INTERRUPTED_CONTENT,
+        is_error=True,
+        interrupted=True,
+    )
+
+
+def _is_discardable(message: Message) -> bool:
+    return isinstance(message, AssistantMessage) and (
+        message.is_empty or message.stop_reason in INTERRUPTED_STOPS
+    )
+
+
+def repair(conversation: Sequence[Message]) -> tuple[list[Message], list[ToolResult]]:
+    """Place each call's result right after its assistant message, in call order; answer
+    unanswered calls with a synthetic interrupted result; drop duplicate and orphan results.
+
+    Returns the well-formed conversation and the synthetic results it added.
+    """
+    results: dict[str, ToolResult] = {}
+    for message in conversation:
+        if isinstance(message, ToolResult) and message.tool_call_id not in results:
+            results[message.tool_call_id] = message
+    repaired: list[Message] = []
+    synthetic: list[ToolResult] = []
+    answered: set[str] = set()
+    for message in conversation:
+        if isinstance(message, ToolResult):
+            continue
+        repaired.append(message)
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls:
+                if call.id in answered:
+                    continue  # a duplicate call id: answered once already
+                answered.add(call.id)
+                result = results.get(call.id)
+                if result is None:
+                    result = interrupted_result(call.id, call.name)
+                    synthetic.append(result)
+                repaired.append(result)
+    return repaired, synthetic
+
+
+def plan_resume(history: Sequence[Message]) -> ResumePlan:
+    messages = list(history)
+    stripped = 0
+    while messages and _is_discardable(messages[-1]):
+        messages.pop()
+        stripped += 1
+    if not any(isinstance(m, AssistantMessage | ToolResult) for m in messages):
+        return ResumePlan("start", tuple(messages), stripped=stripped)
+    conversation, synthetic = repair(messages)
+    tail = messages[-1]
+    if isinstance(tail, AssistantMessage) and not tail.tool_calls:
+        return ResumePlan(
+            "already-complete", tuple(conversation), stripped=stripped, outcome="succeeded"
+        )
+    if (
+        isinstance(tail, ToolResult)
+        and tail.name == ASK_USER
+        and not tail.is_error
+        and not synthetic
+    ):
+        return ResumePlan(
+            "already-complete", tuple(conversation), stripped=stripped, outcome="waiting"
+        )
+    return ResumePlan("continue", tuple(conversation), repairs=tuple(synthetic), stripped=stripped)
+
+
+def completed_turns(conversation: Sequence[Message]) -> int:
+    """Assistant messages all of whose tool calls have a result that is not `interrupted`:
+    the scripted model's turn index, so a crash replays the interrupted turn."""
+    done = {m.tool_call_id for m in conversation if isinstance(m, ToolResult) and not m.interrupted}
+    return sum(
+        1
+        for m in conversation
+        if isinstance(m, AssistantMessage) and all(c.id in done for c in m.tool_calls)
+    )
+
+
+__all__ = [
+    "ResumePlan",
+    "UserMessage",
+    "completed_turns",
+    "interrupted_result",
+    "plan_resume",
+    "repair",
+]

@@ -1,0 +1,110 @@
+"""The tool registry: JSON-schema arguments, an idempotent flag and a timeout per tool.
+
+Third-party tools register through the `ferryman.tools` entry-point group: each entry point
+names a `Tool` or a list of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+from uuid import UUID
+
+from jsonschema import Draft202012Validator
+
+from app.agent.models.base import ToolSpec
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "ferryman.tools"
+
+
+class NotesPort(Protocol):
+    """Per-session notes, written through the runner's fenced log."""
+
+    async def put(self, key: str, text: str) -> None: ...
+
+    async def get(self, key: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    session_id: UUID
+    call_id: str
+    # Stable for one call, whatever attempt runs it: for tools with external side effects.
+    idempotency_key: str
+    attempt: int
+    notes: NotesPort
+
+
+class ToolError(Exception):
+    """A tool failed in a way the model should hear about (becomes an error result)."""
+
+
+ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: ToolFunction
+    idempotent: bool = False
+    timeout: float | None = None  # seconds; None: the default (FERRYMAN_TOOL_TIMEOUT)
+    ends_turn: bool = False  # ask_user: the session waits for the user afterwards
+    _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        Draft202012Validator.check_schema(self.parameters)
+        object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
+        return [
+            f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+            for error in self._validator.iter_errors(arguments)
+        ]
+
+
+class ToolRegistry:
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is registered twice")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def select(self, names: list[str] | None) -> list[Tool]:
+        """The tools a session may use: the named ones (unknown names ignored), or all."""
+        if names is None:
+            return [self._tools[n] for n in self.names()]
+        return [self._tools[n] for n in names if n in self._tools]
+
+    @classmethod
+    def default(cls) -> ToolRegistry:
+        from app.agent.tools.builtin import BUILTIN_TOOLS
+
+        registry = cls(BUILTIN_TOOLS)
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded = entry.load()
+                for tool in loaded if isinstance(loaded, list | tuple) else [loaded]:
+                    registry.register(tool)
+            except Exception:
+                log.exception("could not load tool plug-in %s", entry.value)
+        return registry

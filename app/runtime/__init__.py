@@ -1,0 +1,1 @@
+"""The runtime: workers (claim loop, heartbeats, shutdown) and the runner (one run)."""

@@ -1,0 +1,412 @@
+"""One run of one session under one lease: plan, repair, then model turns and tool calls until
+the model stops, every step written through the fenced log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+from uuid import UUID
+
+from prometheus_client import Counter
+
+from app.agent.conversation import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResult,
+    conversation_from_events,
+    message_from_event,
+)
+from app.agent.models import Model, ModelError, ModelRequest
+from app.agent.resume import ResumePlan, plan_resume
+from app.agent.tools import Tool, ToolContext, ToolRegistry
+from app.db.pool import Database
+from app.domain import OwnerEventType, SessionEventType, Status, rfc3339
+from app.errors import FenceRefused
+from app.store import events as event_store
+from app.store import runs
+from app.store.events import Fence
+from app.store.notify import publish_ephemeral, session_key
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+AbortReason = Literal["cancelled", "lease_lost", "shutdown"]
+
+RUNS = Counter("ferryman_runs_total", "Runs ended, by outcome", ["outcome"])
+RESUMES = Counter("ferryman_resumes_total", "Runs that continued existing history", ["reason"])
+REPAIRED = Counter("ferryman_repaired_tool_calls_total", "Tool calls answered by repair")
+DELTA_FLUSH_SECONDS = 0.05
+
+
+class RunAborted(Exception):
+    def __init__(self, reason: AbortReason) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class RunContext:
+    """What a run needs from its worker."""
+
+    db: Database
+    registry: ToolRegistry
+    worker_id: str
+    pid: int
+    tool_timeout: float
+
+
+@dataclass
+class Run:
+    ctx: RunContext
+    row: dict[str, Any]
+    model: Model
+    abort_event: asyncio.Event = field(default_factory=asyncio.Event)
+    abort_reason: AbortReason | None = None
+    conversation: list[Message] = field(default_factory=list)
+    seen_seq: int = 0
+
+    @property
+    def session_id(self) -> UUID:
+        session_id: UUID = self.row["id"]
+        return session_id
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.ctx.worker_id, self.row["attempt"])
+
+    def abort(self, reason: AbortReason) -> None:
+        # Lease loss outranks cancel and shutdown: after it, nothing more may be written.
+        if self.abort_reason is None or reason == "lease_lost":
+            self.abort_reason = reason
+        self.abort_event.set()
+
+    def check(self) -> None:
+        if self.abort_reason is not None:
+            raise RunAborted(self.abort_reason)
+
+    async def interruptible(self, step: Awaitable[T]) -> T:
+        """Run a model call or a tool until it ends or the run is aborted, whichever is first."""
+        task = asyncio.ensure_future(step)
+        aborted = asyncio.ensure_future(self.abort_event.wait())
+        try:
+            await asyncio.wait({task, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert self.abort_reason is not None
+        raise RunAborted(self.abort_reason)
+
+    # --- durable writes -------------------------------------------------------------------
+
+    async def append(self, type_: str, data: dict[str, Any]) -> int:
+        async with self.ctx.db.transaction() as conn:
+            event = await runs.append(conn, self.fence, self.session_id, type_, data)
+        self.seen_seq = max(self.seen_seq, int(event["seq"]))
+        return int(event["seq"])
+
+    async def finish(self, status: Status, **details: Any) -> None:
+        async with self.ctx.db.transaction() as conn:
+            settled = await runs.finish(conn, self.fence, self.row, status, **details)
+        RUNS.labels(str(settled)).inc()
+        log.info("run ended", extra={"session": str(self.session_id), "status": str(settled)})
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def execute(self) -> None:
+        try:
+            plan = await self.begin()
+            if plan.kind == "already-complete":
+                await self.finish(Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED)
+                return
+            await self.loop()
+        except RunAborted as aborted:
+            await self.on_abort(aborted.reason)
+        except FenceRefused:
+            RUNS.labels("lease_lost").inc()
+            log.warning("lease lost; run stops writing", extra={"session": str(self.session_id)})
+
+    async def begin(self) -> ResumePlan:
+        async with self.ctx.db.connection() as conn:
+            rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
+        self.seen_seq = max((int(r["seq"]) for r in rows), default=0)
+        plan = plan_resume(conversation_from_events(rows))
+        self.conversation = list(plan.conversation)
+        ran_before = any(r["type"] in _RUN_EVENTS for r in rows)
+        async with self.ctx.db.transaction() as conn:
+            for repair in plan.repairs:
+                await runs.append(conn, self.fence, self.session_id, "tool_result", repair.wire())
+            run_info = {
+                "workerId": self.ctx.worker_id,
+                "pid": self.ctx.pid,
+                "attempt": self.row["attempt"],
+            }
+            if not ran_before:
+                event = await runs.append(
+                    conn, self.fence, self.session_id, SessionEventType.SESSION_START, run_info
+                )
+            else:
+                reason = resume_reason(rows)
+                resumed = {
+                    **run_info,
+                    "reason": reason,
+                    "transcriptMessages": len(self.conversation),
+                    "repairedToolCalls": plan.repaired_tool_calls,
+                }
+                event = await runs.append(
+                    conn, self.fence, self.session_id, SessionEventType.SESSION_RESUMED, resumed
+                )
+                await runs.announce(conn, self.row, OwnerEventType.SESSION_RESUMED, resumed)
+                RESUMES.labels(reason).inc()
+                REPAIRED.inc(len(plan.repairs))
+                log.info(
+                    "session resumed",
+                    extra={
+                        "session": str(self.session_id),
+                        "plan": plan.kind,
+                        "reason": reason,
+                        "repaired": plan.repaired_tool_calls,
+                        "stripped": plan.stripped,
+                    },
+                )
+        self.seen_seq = max(self.seen_seq, int(event["seq"]))
+        return plan
+
+    async def loop(self) -> None:
+        tools = self.ctx.registry.select(self.row["tools"])
+        specs = tuple(tool.spec() for tool in tools)
+        allowed = {tool.name: tool for tool in tools}
+        while True:
+            self.check()
+            await self.take_new_messages()
+            delivered = self.seen_seq
+            reply = await self.call_model(ModelRequest(tuple(self.conversation), specs))
+            async with self.ctx.db.transaction() as conn:
+                event = await runs.append(
+                    conn, self.fence, self.session_id, "assistant_message", reply.wire()
+                )
+                await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
+            self.seen_seq = max(self.seen_seq, int(event["seq"]))
+            self.conversation.append(reply)
+            if reply.tool_calls:
+                asked = False
+                for call in reply.tool_calls:
+                    result = await self.call_tool(call, allowed.get(call.name))
+                    self.conversation.append(result)
+                    tool = allowed.get(call.name)
+                    if tool is not None and tool.ends_turn and not result.is_error:
+                        await self.append("user_question", _question(call.arguments))
+                        asked = True
+                if asked:
+                    await self.finish(Status.WAITING)
+                    return
+                continue
+            if reply.stop_reason == "length":
+                await self.finish(
+                    Status.WAITING, note="output limit reached; send a message to continue"
+                )
+            elif reply.stop_reason == "error":
+                await self.finish(
+                    Status.FAILED, error={"code": "MODEL_ERROR", "message": reply.text}
+                )
+            else:
+                await self.finish(Status.SUCCEEDED)
+            return
+
+    async def take_new_messages(self) -> None:
+        """Deliver follow-ups logged since we last looked (steering) at this turn boundary."""
+        async with self.ctx.db.connection() as conn:
+            rows = await event_store.read_session_events(conn, self.session_id, self.seen_seq, 1000)
+        for row in rows:
+            message = message_from_event(row["type"], row["data"], int(row["seq"]))
+            if row["type"] == "user_message" and message is not None:
+                self.conversation.append(message)
+            self.seen_seq = max(self.seen_seq, int(row["seq"]))
+
+    async def call_model(self, request: ModelRequest) -> AssistantMessage:
+        streamed: list[str] = []
+        publisher = DeltaPublisher(self.ctx.db, self.row)
+
+        async def on_delta(text: str) -> None:
+            streamed.append(text)
+            await publisher.add(text)
+
+        try:
+            reply = await self.interruptible(self.model.complete(request, on_delta))
+        except RunAborted as aborted:
+            await publisher.flush()
+            if aborted.reason == "cancelled":
+                # Keep what the user already saw, marked aborted (resume planning drops it).
+                partial = AssistantMessage("".join(streamed), (), "aborted")
+                await self.append("assistant_message", partial.wire())
+            raise
+        except ModelError as exc:
+            await publisher.flush()
+            return AssistantMessage(f"model error: {exc}", (), "error")
+        except Exception as exc:  # a model plug-in failing must not crash the worker
+            log.exception("model failed", extra={"session": str(self.session_id)})
+            await publisher.flush()
+            return AssistantMessage(f"model error: {type(exc).__name__}: {exc}", (), "error")
+        await publisher.flush()
+        return reply
+
+    async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
+        self.check()
+        async with self.ctx.db.transaction() as conn:
+            event = await runs.append(
+                conn,
+                self.fence,
+                self.session_id,
+                "tool_call_start",
+                {"toolCallId": call.id, "name": call.name, "arguments": call.arguments},
+            )
+            await runs.set_active_stage(conn, self.fence, self.row, f"tool:{call.name}")
+        self.seen_seq = max(self.seen_seq, int(event["seq"]))
+        try:
+            result = await self.run_tool(call, tool)
+        except RunAborted as aborted:
+            if aborted.reason == "cancelled":
+                cancelled = ToolResult(call.id, call.name, "cancelled by the user", True, True)
+                await self.append("tool_result", cancelled.wire())
+            raise
+        await self.append("tool_result", result.wire())
+        return result
+
+    async def run_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
+        if tool is None:
+            return ToolResult(call.id, call.name, f"unknown tool {call.name!r}", is_error=True)
+        problems = tool.argument_errors(call.arguments)
+        if problems:
+            return ToolResult(
+                call.id, call.name, "invalid arguments: " + "; ".join(problems), is_error=True
+            )
+        timeout = tool.timeout if tool.timeout is not None else self.ctx.tool_timeout
+        context = ToolContext(
+            session_id=self.session_id,
+            call_id=call.id,
+            idempotency_key=f"{self.session_id}:{call.id}",
+            attempt=self.row["attempt"],
+            notes=FencedNotes(self.ctx.db, self.fence, self.session_id),
+        )
+        try:
+            content = await self.interruptible(
+                asyncio.wait_for(tool.run(call.arguments, context), timeout)
+            )
+        except RunAborted:
+            raise
+        except TimeoutError:
+            return ToolResult(
+                call.id,
+                call.name,
+                f"the tool exceeded its {timeout:g} s budget",
+                is_error=True,
+                timed_out=True,
+            )
+        except FenceRefused:
+            raise
+        except Exception as exc:
+            return ToolResult(call.id, call.name, f"{type(exc).__name__}: {exc}", is_error=True)
+        return ToolResult(call.id, call.name, str(content))
+
+    async def on_abort(self, reason: AbortReason) -> None:
+        RUNS.labels(reason).inc()
+        try:
+            if reason == "cancelled":
+                await self.finish(Status.CANCELLED)
+            elif reason == "shutdown":
+                async with self.ctx.db.transaction() as conn:
+                    await runs.release(conn, self.fence, self.row, "shutdown")
+        except FenceRefused:
+            pass  # the lease went meanwhile: nothing more to write
+
+
+_RUN_EVENTS = frozenset({"session_start", "session_resumed", "assistant_message", "session_end"})
+
+
+def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "follow_up"]:
+    """`follow_up` when the previous run closed with `session_end` (a message re-queued the
+    session); `crash` when it stopped without one."""
+    for row in reversed(rows):
+        if row["type"] == "session_end":
+            return "follow_up"
+        if row["type"] in (
+            "session_start",
+            "session_resumed",
+            "session_interrupted",
+            "assistant_message",
+            "tool_call_start",
+            "tool_result",
+        ):
+            return "crash"
+    return "crash"
+
+
+def _question(arguments: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {"question": arguments.get("question", "")}
+    if arguments.get("options"):
+        data["options"] = arguments["options"]
+    return data
+
+
+class FencedNotes:
+    def __init__(self, db: Database, fence: Fence, session_id: UUID) -> None:
+        self.db, self.fence, self.session_id = db, fence, session_id
+
+    async def put(self, key: str, text: str) -> None:
+        async with self.db.transaction() as conn:
+            await runs.put_note(conn, self.fence, self.session_id, key, text)
+
+    async def get(self, key: str) -> str | None:
+        async with self.db.connection() as conn:
+            return await runs.get_note(conn, self.session_id, key)
+
+
+class DeltaPublisher:
+    """Sends `message_delta` frames, coalesced to one NOTIFY per 50 ms: a NOTIFY per token would
+    take PostgreSQL's notify lock far more often than live viewers need."""
+
+    def __init__(self, db: Database, row: dict[str, Any]) -> None:
+        self.db = db
+        self.row = row
+        self.pending: list[str] = []
+        self.last_flush = 0.0
+
+    async def add(self, text: str) -> None:
+        self.pending.append(text)
+        if time.monotonic() - self.last_flush >= DELTA_FLUSH_SECONDS:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        text, self.pending = "".join(self.pending), []
+        self.last_flush = time.monotonic()
+        body = json.dumps(
+            {
+                "type": "message_delta",
+                "sessionId": str(self.row["id"]),
+                "ownerId": self.row["owner_id"],
+                "ts": rfc3339_now(),
+                "data": {"text": text},
+            },
+            separators=(",", ":"),
+        )
+        try:
+            async with self.db.connection() as conn:
+                await publish_ephemeral(conn, session_key(self.row["id"]), body)
+        except Exception as exc:  # deltas are best effort; the durable message follows
+            log.debug("delta not sent: %s", exc)
+
+
+def rfc3339_now() -> str:
+    from datetime import UTC, datetime
+
+    return rfc3339(datetime.now(UTC)) or ""

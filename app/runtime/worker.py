@@ -1,0 +1,199 @@
+"""A worker: claims sessions under leases and drives up to `concurrency` runs at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from uuid import UUID
+
+from app.agent.models import make_model
+from app.agent.tools import ToolRegistry
+from app.bus import Bus
+from app.config import Settings
+from app.db.pool import UNAVAILABLE_ERRORS, Database
+from app.domain import Status
+from app.runtime.heartbeat import Heartbeat
+from app.runtime.runner import Run, RunContext
+from app.store import runs
+from app.store.events import Fence
+from app.store.notify import WORK_KEY, cancel_key
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS_CODE = "MAX_ATTEMPTS_EXCEEDED"
+
+
+def new_worker_id() -> str:
+    return f"{secrets.token_hex(4)}:{os.getpid()}"
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        bus: Bus,
+        *,
+        registry: ToolRegistry | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.bus = bus
+        self.id = new_worker_id()
+        self.concurrency = concurrency or settings.worker_concurrency
+        self.context = RunContext(
+            db=db,
+            registry=registry or ToolRegistry.default(),
+            worker_id=self.id,
+            pid=os.getpid(),
+            tool_timeout=settings.tool_timeout,
+        )
+        self.runs: dict[UUID, Run] = {}
+        self.tasks: set[asyncio.Future[None]] = set()
+        self.stopping = asyncio.Event()
+        self.work = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # --- called from the heartbeat thread -----------------------------------------------
+
+    def _held(self) -> list[UUID]:
+        return list(self.runs)
+
+    def _on_beat(self, still_held: dict[UUID, bool], lost: list[UUID]) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._apply_beat, still_held, lost)
+
+    def _apply_beat(self, still_held: dict[UUID, bool], lost: list[UUID]) -> None:
+        for session_id in lost:
+            self._abort(session_id, "lease_lost")
+        for session_id, cancel in still_held.items():
+            if cancel:
+                self._abort(session_id, "cancelled")
+
+    def _on_disconnect(self) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._abort_all, "lease_lost")
+
+    # --- the claim loop ------------------------------------------------------------------
+
+    def _abort(self, session_id: UUID, reason: str) -> None:
+        run = self.runs.get(session_id)
+        if run is not None:
+            run.abort(reason)  # type: ignore[arg-type]
+
+    def _abort_all(self, reason: str) -> None:
+        for session_id in list(self.runs):
+            self._abort(session_id, reason)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.work.set()
+
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        heartbeat = Heartbeat(
+            self.db.url,
+            self.id,
+            interval=self.settings.heartbeat_interval,
+            ttl=self.settings.lease_ttl,
+            held=self._held,
+            on_beat=self._on_beat,
+            on_disconnect=self._on_disconnect,
+        )
+        heartbeat.start()
+        await asyncio.to_thread(heartbeat.registered.wait)
+        log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
+        slots = asyncio.Semaphore(self.concurrency)
+        try:
+            with self.bus.subscribe(WORK_KEY, lambda _: self.work.set()):
+                while not self.stopping.is_set():
+                    await slots.acquire()
+                    if self.stopping.is_set():
+                        slots.release()
+                        break
+                    run = await self._claim()
+                    if run is None:
+                        slots.release()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self.work.wait(), self.settings.claim_interval)
+                        self.work.clear()
+                        continue
+                    task = asyncio.create_task(
+                        self._drive(run, slots), name=f"run {run.session_id}"
+                    )
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+        finally:
+            # Shutdown: abort runs at a safe point; each writes session_interrupted and
+            # releases its lease so another worker takes over at once.
+            self._abort_all("shutdown")
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+            heartbeat.stop()
+            await asyncio.to_thread(heartbeat.join, 10)
+            log.info("worker %s stopped", self.id)
+
+    async def _claim(self) -> Run | None:
+        try:
+            async with self.db.transaction() as conn:
+                await runs.reap_dead_workers(conn)
+                row = await runs.claim(conn, self.id, os.getpid(), self.settings.lease_ttl)
+                if row is None:
+                    return None
+                fence = Fence(self.id, row["attempt"])
+                if row["attempt"] > self.settings.max_attempts:
+                    await runs.finish(
+                        conn,
+                        fence,
+                        row,
+                        Status.FAILED,
+                        error={
+                            "code": MAX_ATTEMPTS_CODE,
+                            "message": f"claimed {row['attempt']} times without finishing "
+                            f"(FERRYMAN_MAX_ATTEMPTS={self.settings.max_attempts})",
+                        },
+                        requeue_undelivered=False,
+                    )
+                    return None
+                if row["cancel_requested_at"] is not None or row["deleted_at"] is not None:
+                    # Cancelled while no worker held it: settle without calling the model.
+                    await runs.finish(conn, fence, row, Status.CANCELLED, requeue_undelivered=False)
+                    return None
+        except UNAVAILABLE_ERRORS as exc:
+            log.warning("claim failed, database unavailable: %s", exc)
+            await asyncio.sleep(1)
+            return None
+        model = make_model(
+            row["model"],
+            row["script"],
+            openai_base_url=self.settings.openai_base_url,
+            openai_api_key=self.settings.openai_api_key,
+        )
+        run = Run(self.context, row, model)
+        self.runs[run.session_id] = run
+        return run
+
+    async def _drive(self, run: Run, slots: asyncio.Semaphore) -> None:
+        def on_cancel(_: str | None) -> None:
+            check = asyncio.ensure_future(self._check_cancel(run))
+            self.tasks.add(check)
+            check.add_done_callback(self.tasks.discard)
+
+        try:
+            with self.bus.subscribe(cancel_key(run.session_id), on_cancel):
+                await run.execute()
+        except Exception:
+            log.exception("run failed unexpectedly", extra={"session": str(run.session_id)})
+        finally:
+            self.runs.pop(run.session_id, None)
+            slots.release()
+
+    async def _check_cancel(self, run: Run) -> None:
+        with contextlib.suppress(*UNAVAILABLE_ERRORS):
+            async with self.db.connection() as conn:
+                if await runs.cancel_requested(conn, run.session_id):
+                    run.abort("cancelled")

@@ -1,0 +1,264 @@
+"""What workers write: registration, claims, leases, fenced run events, settling, notes.
+
+Every run write checks the fence `(workerId, attempt)` and an unexpired lease in the statement
+that writes, so a worker that lost its lease writes nothing more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from app.db.pool import Connection
+from app.domain import OwnerEventType, SessionEventType, Status
+from app.errors import FenceRefused
+from app.store.events import Fence, append_owner_event, append_session_event
+from app.store.notify import WORK_KEY, notify
+from app.store.sessions import SESSION_COLUMNS, set_status
+
+# Advisory-lock namespace of worker liveness locks: pg_advisory_lock(WORKER_LOCK_NAMESPACE, key).
+WORKER_LOCK_NAMESPACE = 0x4645
+
+
+async def register_worker(conn: Connection, worker_id: str, pid: int, hostname: str) -> int:
+    """Take this worker's liveness lock on `conn` (held for the connection's life) and record
+    the worker. The lock is taken before the row exists, so no one can reap a live worker."""
+    cur = await conn.execute("SELECT nextval('worker_lock_keys')::integer AS k")
+    row = await cur.fetchone()
+    assert row is not None
+    key = int(row["k"])
+    await conn.execute("SELECT pg_advisory_lock(%s, %s)", (WORKER_LOCK_NAMESPACE, key))
+    await conn.execute(
+        """
+        INSERT INTO workers (id, pid, hostname, lock_key) VALUES (%s, %s, %s, %s)
+        ON CONFLICT (id) DO UPDATE SET lock_key = excluded.lock_key, stopped_at = NULL,
+            heartbeat_at = clock_timestamp()
+        """,
+        (worker_id, pid, hostname, key),
+    )
+    return key
+
+
+async def mark_worker_stopped(conn: Connection, worker_id: str) -> None:
+    await conn.execute(
+        "UPDATE workers SET stopped_at = clock_timestamp() WHERE id = %s AND stopped_at IS NULL",
+        (worker_id,),
+    )
+
+
+async def reap_dead_workers(conn: Connection) -> list[str]:
+    """Mark stopped every worker whose liveness lock is gone: its process (or its connection)
+    died. Their sessions become claimable at once."""
+    cur = await conn.execute(
+        """
+        UPDATE workers w SET stopped_at = clock_timestamp()
+        WHERE w.stopped_at IS NULL AND NOT EXISTS (
+            SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.classid = %s::oid AND l.objid = w.lock_key::oid
+        )
+        RETURNING w.id
+        """,
+        (WORKER_LOCK_NAMESPACE,),
+    )
+    return [row["id"] for row in await cur.fetchall()]
+
+
+async def heartbeat(
+    conn: Connection, worker_id: str, ttl: float, session_ids: list[UUID]
+) -> dict[UUID, bool]:
+    """Extend this worker's leases; {session id: cancel requested} for those still held."""
+    await conn.execute(
+        "UPDATE workers SET heartbeat_at = clock_timestamp() WHERE id = %s", (worker_id,)
+    )
+    if not session_ids:
+        return {}
+    cur = await conn.execute(
+        """
+        UPDATE sessions SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
+        WHERE id = ANY(%s) AND lease_worker_id = %s AND lease_expires_at > clock_timestamp()
+        RETURNING id, cancel_requested_at IS NOT NULL AS cancel
+        """,
+        (ttl, session_ids, worker_id),
+    )
+    return {row["id"]: bool(row["cancel"]) for row in await cur.fetchall()}
+
+
+async def claim(conn: Connection, worker_id: str, pid: int, ttl: float) -> dict[str, Any] | None:
+    """Claim one session: a queued one, or a running one whose lease expired, was released, or
+    whose worker is dead. Adds 1 to `attempt`; times come from the database clock."""
+    cur = await conn.execute(
+        f"""
+        WITH candidate AS (
+            SELECT s.id FROM sessions s
+            WHERE (s.status = 'queued' AND s.deleted_at IS NULL)
+               OR (s.status = 'running' AND (
+                    s.lease_worker_id IS NULL
+                    OR s.lease_expires_at < clock_timestamp()
+                    OR EXISTS (SELECT 1 FROM workers w
+                               WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL)))
+            ORDER BY s.created_at
+            LIMIT 1
+            FOR UPDATE OF s SKIP LOCKED
+        )
+        UPDATE sessions s SET
+            status = 'running', attempt = s.attempt + 1,
+            lease_worker_id = %(worker)s, lease_pid = %(pid)s,
+            lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+            updated_at = clock_timestamp()
+        FROM candidate WHERE s.id = candidate.id
+        RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
+        """,
+        {"worker": worker_id, "pid": pid, "ttl": ttl},
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    await append_owner_event(
+        conn,
+        row["owner_id"],
+        row["id"],
+        OwnerEventType.SESSION_STATUS,
+        {"status": "running", "attempt": row["attempt"]},
+    )
+    return row
+
+
+async def append(
+    conn: Connection, fence: Fence, session_id: UUID, type_: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    """A fenced run event (FenceRefused once the lease is gone)."""
+    return await append_session_event(conn, session_id, type_, data, fence=fence)
+
+
+async def announce(
+    conn: Connection, row: dict[str, Any], type_: OwnerEventType, data: dict[str, Any]
+) -> None:
+    """An owner event about a run (written in the same transaction as a fenced write)."""
+    await append_owner_event(conn, row["owner_id"], row["id"], type_, data)
+
+
+async def set_active_stage(
+    conn: Connection, fence: Fence, row: dict[str, Any], stage: str | None
+) -> None:
+    cur = await conn.execute(
+        "UPDATE sessions SET active_stage = %s WHERE id = %s AND lease_worker_id = %s"
+        " AND attempt = %s RETURNING id",
+        (stage, row["id"], fence.worker_id, fence.attempt),
+    )
+    if await cur.fetchone() is None:
+        raise FenceRefused(f"lease on {row['id']} lost")
+    await announce(conn, row, OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage})
+
+
+async def mark_delivered(conn: Connection, fence: Fence, session_id: UUID, seq: int) -> None:
+    """Record that the model has seen the log up to `seq` (undelivered messages re-queue)."""
+    await conn.execute(
+        "UPDATE sessions SET delivered_seq = greatest(delivered_seq, %s)"
+        " WHERE id = %s AND lease_worker_id = %s AND attempt = %s",
+        (seq, session_id, fence.worker_id, fence.attempt),
+    )
+
+
+async def undelivered_messages(conn: Connection, session_id: UUID) -> int:
+    cur = await conn.execute(
+        """
+        SELECT count(*) AS n FROM session_events e JOIN sessions s ON s.id = e.session_id
+        WHERE e.session_id = %s AND e.type = 'user_message' AND e.seq > s.delivered_seq
+        """,
+        (session_id,),
+    )
+    row = await cur.fetchone()
+    return int(row["n"]) if row else 0
+
+
+async def finish(
+    conn: Connection,
+    fence: Fence,
+    row: dict[str, Any],
+    status: Status,
+    *,
+    error: dict[str, Any] | None = None,
+    note: str | None = None,
+    requeue_undelivered: bool = True,
+) -> Status:
+    """Close the run: `session_end`, the new status, the lease released. A follow-up that came
+    in during the run and was never delivered re-queues the session instead."""
+    end: dict[str, Any] = {"status": str(status)}
+    if error is not None:
+        end["error"] = error
+    if note is not None:
+        end["note"] = note
+    await append(conn, fence, row["id"], SessionEventType.SESSION_END, end)
+    settled = status
+    if (
+        requeue_undelivered
+        and status != Status.CANCELLED
+        and await undelivered_messages(conn, row["id"])
+    ):
+        settled = Status.QUEUED
+    await set_status(
+        conn,
+        row,
+        settled,
+        error=error if settled != Status.QUEUED else None,
+        extra_sets=", lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
+        ", active_stage = NULL",
+    )
+    if settled == Status.QUEUED:
+        await notify(conn, WORK_KEY)
+    return settled
+
+
+async def release(conn: Connection, fence: Fence, row: dict[str, Any], reason: str) -> None:
+    """Give the session up mid-run (shutdown): `session_interrupted`, lease cleared, status
+    left `running` so the next claim takes it over at once."""
+    await append(conn, fence, row["id"], SessionEventType.SESSION_INTERRUPTED, {"reason": reason})
+    await conn.execute(
+        "UPDATE sessions SET lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
+        " WHERE id = %s AND attempt = %s",
+        (row["id"], fence.attempt),
+    )
+    await notify(conn, WORK_KEY)
+
+
+async def cancel_requested(conn: Connection, session_id: UUID) -> bool:
+    cur = await conn.execute(
+        "SELECT cancel_requested_at IS NOT NULL AS c FROM sessions WHERE id = %s", (session_id,)
+    )
+    row = await cur.fetchone()
+    return bool(row and row["c"])
+
+
+async def put_note(conn: Connection, fence: Fence, session_id: UUID, key: str, text: str) -> None:
+    """Upsert a note, fenced: the session row is share-locked and checked in the statement."""
+    cur = await conn.execute(
+        """
+        INSERT INTO notes (session_id, key, text, attempt)
+        SELECT id, %(key)s, %(text)s, attempt FROM sessions
+        WHERE id = %(id)s AND lease_worker_id = %(worker)s AND attempt = %(attempt)s
+          AND lease_expires_at > clock_timestamp()
+        FOR SHARE
+        ON CONFLICT (session_id, key) DO UPDATE
+            SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()
+        RETURNING key
+        """,
+        {
+            "id": session_id,
+            "key": key,
+            "text": text,
+            "worker": fence.worker_id,
+            "attempt": fence.attempt,
+        },
+    )
+    if await cur.fetchone() is None:
+        raise FenceRefused(f"lease on {session_id} lost")
+
+
+async def get_note(conn: Connection, session_id: UUID, key: str) -> str | None:
+    cur = await conn.execute(
+        "SELECT text FROM notes WHERE session_id = %s AND key = %s", (session_id, key)
+    )
+    row = await cur.fetchone()
+    return row["text"] if row else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -137,3 +138,70 @@ def running(server: ServerProcess) -> Iterator[ServerProcess]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class WorkerProcess:
+    """`ferryman worker` in a child process (SIGKILL it to test recovery)."""
+
+    database_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    concurrency: int = 4
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: str = ""
+
+    def start(self) -> WorkerProcess:
+        env = {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "FERRYMAN_LOG_FORMAT": "json",
+            **self.env,
+        }
+        self.log_path = f"/tmp/ferryman-test-worker-{uuid.uuid4().hex[:8]}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "worker", "--concurrency", str(self.concurrency)],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def logs(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-5000:]
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+async def wait_for_status(
+    http: httpx.AsyncClient, session_id: str, statuses: set[str], timeout: float = 30.0
+) -> dict[str, Any]:
+    """Poll a session until its status is one of `statuses`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body: dict[str, Any] = (await http.get(f"/api/agent/{session_id}")).json()
+        if body.get("status") in statuses:
+            return body
+        if time.monotonic() > deadline:
+            status = body.get("status")
+            raise AssertionError(f"session {session_id} still {status} after {timeout}s")
+        await asyncio.sleep(0.05)

@@ -146,6 +146,7 @@ class Worker:
                     return None
                 fence = Fence(self.id, row["attempt"])
                 if row["attempt"] > self.settings.max_attempts:
+                    self.work.set()  # settled without running: look for more work at once
                     await runs.finish(
                         conn,
                         fence,
@@ -161,6 +162,7 @@ class Worker:
                     return None
                 if row["cancel_requested_at"] is not None or row["deleted_at"] is not None:
                     # Cancelled while no worker held it: settle without calling the model.
+                    self.work.set()
                     await runs.finish(conn, fence, row, Status.CANCELLED, requeue_undelivered=False)
                     return None
         except UNAVAILABLE_ERRORS as exc:

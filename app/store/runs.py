@@ -183,8 +183,19 @@ async def finish(
     note: str | None = None,
     requeue_undelivered: bool = True,
 ) -> Status:
-    """Close the run: `session_end`, the new status, the lease released. A follow-up that came
-    in during the run and was never delivered re-queues the session instead."""
+    """Close the run: `session_end`, the new status, the lease released.
+
+    A cancel accepted before this commits wins: the row lock orders the two, so a cancel
+    either finds the session terminal (409) or the session ends `cancelled`, never both. A
+    follow-up that came in during the run and was never delivered re-queues the session.
+    """
+    cur = await conn.execute(
+        "SELECT cancel_requested_at IS NOT NULL AS cancel FROM sessions WHERE id = %s FOR UPDATE",
+        (row["id"],),
+    )
+    locked = await cur.fetchone()
+    if locked is not None and locked["cancel"] and status != Status.FAILED:
+        status, error, requeue_undelivered = Status.CANCELLED, None, False
     end: dict[str, Any] = {"status": str(status)}
     if error is not None:
         end["error"] = error

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from signal import SIGTERM  # WorkerProcess.signal shadows the module in its class
 from typing import Any
 
 import httpx
@@ -48,7 +49,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
-        self.port = free_port()
+        self.port = self.port or free_port()
         env = {
             **os.environ,
             "DATABASE_URL": self.database_url,
@@ -181,7 +182,7 @@ class WorkerProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+    def stop(self, sig: int = SIGTERM, timeout: float = 15.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)

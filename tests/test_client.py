@@ -1,0 +1,64 @@
+"""The SDK against a real server: CRUD, errors, and a stream that survives a server restart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.client import ApiError, FerrymanClient, StreamEvent
+from tests.support import ServerProcess, create_owner_key
+
+
+async def test_sdk_round_trip(server: ServerProcess, owner_key: tuple[str, str]) -> None:
+    _, key = owner_key
+    async with FerrymanClient(server.url, api_key=key) as ferryman:
+        created = await ferryman.create_session("hello", title="first", idempotency_key="k1")
+        again = await ferryman.create_session("hello", title="first", idempotency_key="k1")
+        assert again["id"] == created["id"]
+        assert (await ferryman.rename_session(created["id"], "renamed"))["title"] == "renamed"
+        page = await ferryman.list_sessions()
+        assert [s["id"] for s in page["sessions"]] == [created["id"]]
+        cancelled = await ferryman.cancel_session(created["id"])
+        assert cancelled["status"] == "cancelled"
+        with pytest.raises(ApiError) as error:
+            await ferryman.cancel_session(created["id"])
+        assert error.value.code == "SESSION_ALREADY_TERMINAL"
+        transcript = await ferryman.transcript(created["id"])
+        assert [e["type"] for e in transcript["events"]] == ["user_message", "session_end"]
+        await ferryman.delete_session(created["id"])
+        with pytest.raises(ApiError) as error:
+            await ferryman.get_session(created["id"])
+        assert error.value.status == 404
+
+
+async def test_owner_stream_survives_server_restart(database_url: str) -> None:
+    _, key = create_owner_key(database_url)
+    api = ServerProcess(database_url).start()
+    seen: list[StreamEvent] = []
+    try:
+        async with FerrymanClient(api.url, api_key=key, reconnect_delay=0.1) as ferryman:
+            cursor = (await ferryman.list_sessions())["cursor"]
+
+            async def watch() -> None:
+                async for event in ferryman.owner_events(cursor=cursor):
+                    if event.id is not None:
+                        seen.append(event)
+                    if len(seen) == 4:
+                        return
+
+            watcher = asyncio.create_task(watch())
+            await ferryman.create_session("one")
+            await ferryman.create_session("two")
+            api.stop()
+            # The client keeps its base URL: a new server comes up on the same port.
+            api = ServerProcess(database_url, port=api.port).start()
+            async with FerrymanClient(api.url, api_key=key) as writer:
+                await writer.create_session("three")
+                await writer.create_session("four")
+            await asyncio.wait_for(watcher, 20)
+    finally:
+        api.stop()
+    assert [int(e.id or 0) for e in seen] == list(range(int(cursor) + 1, int(cursor) + 5))
+    assert [e.type for e in seen] == ["session_created"] * 4
+

@@ -13,16 +13,55 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from signal import SIGTERM  # WorkerProcess.signal shadows the module in its class
 from typing import Any
 
 import httpx
 import psycopg
 from httpx_sse import ServerSentEvent, aconnect_sse
+from psycopg import sql
 
+from app.db import migrate
+from app.db.embedded import start_embedded
 from app.store.keys import hash_key, new_key
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _scratch_data_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/ferryman-test")
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"ferryman-test-{os.getuid()}"
+
+
+def server_url() -> str:
+    """A database URL with rights to create databases: $DATABASE_URL, or the embedded server."""
+    return os.environ.get("DATABASE_URL") or start_embedded(_scratch_data_dir())
+
+
+def with_database(url: str, name: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """A new, migrated database on the server under test, dropped afterwards."""
+    admin_url = server_url()
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(admin_url, name)
+    migrate.upgrade(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def free_port() -> int:

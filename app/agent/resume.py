@@ -95,28 +95,42 @@ def repair(conversation: Sequence[Message]) -> tuple[list[Message], list[ToolRes
 
 def plan_resume(history: Sequence[Message]) -> ResumePlan:
     messages = list(history)
+    # Trailing frames are judged as they stand once results are in place: a result logged
+    # later (a durable repair, a reordering) or an orphan result neither shields nor exposes one.
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolResult)}
+    frames = [i for i, m in enumerate(messages) if not isinstance(m, ToolResult)]
     stripped = 0
-    while messages and _is_discardable(messages[-1]):
-        messages.pop()
+    while frames:
+        last = messages[frames[-1]]
+        if not isinstance(last, AssistantMessage) or not _is_discardable(last):
+            break
+        if any(c.id in answered for c in last.tool_calls):
+            break  # its results follow it: not a trailing frame
+        del messages[frames.pop()]
         stripped += 1
-    if not any(isinstance(m, AssistantMessage | ToolResult) for m in messages):
-        return ResumePlan("start", tuple(messages), stripped=stripped)
+    if not any(isinstance(m, AssistantMessage) for m in messages):
+        users = tuple(m for m in messages if isinstance(m, UserMessage))
+        return ResumePlan("start", users, stripped=stripped)
     conversation, synthetic = repair(messages)
-    tail = messages[-1]
-    if isinstance(tail, AssistantMessage) and not tail.tool_calls:
-        return ResumePlan(
-            "already-complete", tuple(conversation), stripped=stripped, outcome="succeeded"
-        )
-    if (
+    tail = conversation[-1]
+    if isinstance(tail, AssistantMessage):
+        outcome: Outcome | None = "succeeded"
+    elif (
         isinstance(tail, ToolResult)
         and tail.name == ASK_USER
         and not tail.is_error
-        and not synthetic
+        and not tail.interrupted
     ):
-        return ResumePlan(
-            "already-complete", tuple(conversation), stripped=stripped, outcome="waiting"
-        )
-    return ResumePlan("continue", tuple(conversation), repairs=tuple(synthetic), stripped=stripped)
+        outcome = "waiting"
+    else:
+        outcome = None
+    return ResumePlan(
+        "continue" if outcome is None else "already-complete",
+        tuple(conversation),
+        repairs=tuple(synthetic),
+        stripped=stripped,
+        outcome=outcome,
+    )
 
 
 def completed_turns(conversation: Sequence[Message]) -> int:

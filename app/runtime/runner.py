@@ -70,6 +70,11 @@ class Run:
     abort_reason: AbortReason | None = None
     conversation: list[Message] = field(default_factory=list)
     seen_seq: int = 0
+    # How far this run has read the log for follow-ups: its own writes must not move it, or a
+    # message logged while a tool ran would be skipped (and marked delivered).
+    read_seq: int = 0
+    # (name, arguments) of non-idempotent calls a crash interrupted: not re-run automatically.
+    not_rerun: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def session_id(self) -> UUID:
@@ -138,8 +143,10 @@ class Run:
         async with self.ctx.db.connection() as conn:
             rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
         self.seen_seq = max((int(r["seq"]) for r in rows), default=0)
+        self.read_seq = self.seen_seq
         plan = plan_resume(conversation_from_events(rows))
         self.conversation = list(plan.conversation)
+        self.not_rerun = self.interrupted_side_effects(plan)
         ran_before = any(r["type"] in _RUN_EVENTS for r in rows)
         async with self.ctx.db.transaction() as conn:
             for repair in plan.repairs:
@@ -187,7 +194,7 @@ class Run:
         while True:
             self.check()
             await self.take_new_messages()
-            delivered = self.seen_seq
+            delivered = self.read_seq
             reply = await self.call_model(ModelRequest(tuple(self.conversation), specs))
             async with self.ctx.db.transaction() as conn:
                 event = await runs.append(
@@ -224,12 +231,12 @@ class Run:
     async def take_new_messages(self) -> None:
         """Deliver follow-ups logged since we last looked (steering) at this turn boundary."""
         async with self.ctx.db.connection() as conn:
-            rows = await event_store.read_session_events(conn, self.session_id, self.seen_seq, 1000)
+            rows = await event_store.read_session_events(conn, self.session_id, self.read_seq, 1000)
         for row in rows:
             message = message_from_event(row["type"], row["data"], int(row["seq"]))
             if row["type"] == "user_message" and message is not None:
                 self.conversation.append(message)
-            self.seen_seq = max(self.seen_seq, int(row["seq"]))
+            self.read_seq = max(self.read_seq, int(row["seq"]))
 
     async def call_model(self, request: ModelRequest) -> AssistantMessage:
         streamed: list[str] = []
@@ -280,9 +287,28 @@ class Run:
         await self.append("tool_result", result.wire())
         return result
 
+    def interrupted_side_effects(self, plan: ResumePlan) -> set[tuple[str, str]]:
+        repaired = set(plan.repaired_tool_calls)
+        calls = [
+            call
+            for message in plan.conversation
+            if isinstance(message, AssistantMessage)
+            for call in message.tool_calls
+            if call.id in repaired
+        ]
+        return {
+            _call_key(call)
+            for call in calls
+            if (tool := self.ctx.registry.get(call.name)) is not None and not tool.idempotent
+        }
+
     async def run_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         if tool is None:
             return ToolResult(call.id, call.name, f"unknown tool {call.name!r}", is_error=True)
+        if not tool.idempotent and _call_key(call) in self.not_rerun:
+            # The same call replayed right after a crash: it may already have taken effect.
+            self.not_rerun.discard(_call_key(call))
+            return ToolResult(call.id, call.name, NOT_RERUN_CONTENT, is_error=True)
         problems = tool.argument_errors(call.arguments)
         if problems:
             return ToolResult(
@@ -326,6 +352,16 @@ class Run:
                     await runs.release(conn, self.fence, self.row, "shutdown")
         except FenceRefused:
             pass  # the lease went meanwhile: nothing more to write
+
+
+NOT_RERUN_CONTENT = (
+    "not run again: an earlier identical call of this non-idempotent tool was interrupted by a "
+    "worker crash and may have taken effect; check its effect, then call it again to retry"
+)
+
+
+def _call_key(call: ToolCall) -> tuple[str, str]:
+    return call.name, json.dumps(call.arguments, sort_keys=True)
 
 
 _RUN_EVENTS = frozenset({"session_start", "session_resumed", "assistant_message", "session_end"})

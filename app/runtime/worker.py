@@ -47,7 +47,10 @@ class Worker:
         self.concurrency = concurrency or settings.worker_concurrency
         self.context = RunContext(
             db=db,
-            registry=registry or ToolRegistry.default(),
+            registry=registry
+            or ToolRegistry.default(
+                m.strip() for m in settings.tool_modules.split(",") if m.strip()
+            ),
             worker_id=self.id,
             pid=os.getpid(),
             tool_timeout=settings.tool_timeout,

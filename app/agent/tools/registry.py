@@ -6,6 +6,7 @@ names a `Tool` or a list of them.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -95,16 +96,26 @@ class ToolRegistry:
             return [self._tools[n] for n in self.names()]
         return [self._tools[n] for n in names if n in self._tools]
 
+    def register_all(self, loaded: object) -> None:
+        """Register a `Tool` or a list of them (what a plug-in exports)."""
+        for tool in loaded if isinstance(loaded, list | tuple) else [loaded]:
+            if not isinstance(tool, Tool):
+                raise TypeError(f"not a ferryman Tool: {tool!r}")
+            self.register(tool)
+
     @classmethod
-    def default(cls) -> ToolRegistry:
+    def default(cls, modules: Iterable[str] = ()) -> ToolRegistry:
+        """Built-ins, the `ferryman.tools` entry points, and `module:attribute` specs
+        (FERRYMAN_TOOL_MODULES) for tools that are not packaged."""
         from app.agent.tools.builtin import BUILTIN_TOOLS
 
         registry = cls(BUILTIN_TOOLS)
         for entry in entry_points(group=ENTRY_POINT_GROUP):
             try:
-                loaded = entry.load()
-                for tool in loaded if isinstance(loaded, list | tuple) else [loaded]:
-                    registry.register(tool)
+                registry.register_all(entry.load())
             except Exception:
                 log.exception("could not load tool plug-in %s", entry.value)
+        for spec in modules:
+            module_name, _, attribute = spec.partition(":")
+            registry.register_all(getattr(importlib.import_module(module_name), attribute))
         return registry

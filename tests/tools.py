@@ -1,0 +1,52 @@
+"""Tools for tests, loaded by workers through FERRYMAN_TOOL_MODULES=tests.tools:TOOLS."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app.agent.tools import Tool, ToolContext
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as out:
+        out.write(line)
+
+
+async def _record(arguments: dict[str, Any], context: ToolContext) -> str:
+    # The side effect happens first, then the call lingers: a crash in the pause leaves a call
+    # that did take effect but has no result.
+    line = f"{arguments['text']} {context.idempotency_key}\n"
+    await asyncio.to_thread(_append, arguments["path"], line)
+    await asyncio.sleep(float(arguments.get("linger", 0)))
+    return "recorded"
+
+
+async def _explode(arguments: dict[str, Any], context: ToolContext) -> str:
+    raise RuntimeError(str(arguments.get("message", "boom")))
+
+
+TOOLS = [
+    Tool(
+        name="record",
+        description="Append a line to a file (not idempotent).",
+        parameters={
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "text": {"type": "string"},
+                "linger": {"type": "number", "minimum": 0},
+            },
+            "required": ["path", "text"],
+        },
+        run=_record,
+        idempotent=False,
+    ),
+    Tool(
+        name="explode",
+        description="Raise an exception.",
+        parameters={"type": "object", "properties": {"message": {"type": "string"}}},
+        run=_explode,
+        idempotent=True,
+    ),
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -90,10 +91,16 @@ class OpenAIModel:
             if source.response.status_code >= 400:
                 detail = (await source.response.aread()).decode(errors="replace")[:500]
                 raise ModelError(f"model endpoint answered {source.response.status_code}: {detail}")
+            content_type = source.response.headers.get("content-type", "")
+            if "text/event-stream" not in content_type:
+                detail = (await source.response.aread()).decode(errors="replace")[:500]
+                raise ModelError(f"model endpoint did not stream ({content_type}): {detail}")
             async for event in source.aiter_sse():
                 if event.data.strip() == "[DONE]":
                     break
                 chunk = json.loads(event.data)
+                if chunk.get("error"):
+                    raise ModelError(f"model endpoint failed mid-stream: {chunk['error']}")
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
                     if delta.get("content"):
@@ -111,7 +118,10 @@ class OpenAIModel:
                         finish = choice["finish_reason"]
         tool_calls = tuple(
             ToolCall(
-                slot["id"] or f"call_{index}", slot["name"], _parse_arguments(slot["arguments"])
+                # Unique when the endpoint sends none: results are matched to calls by id.
+                slot["id"] or f"call_{uuid.uuid4().hex[:12]}",
+                slot["name"],
+                _parse_arguments(slot["arguments"]),
             )
             for index, slot in sorted(calls.items())
         )

@@ -167,8 +167,13 @@ async def sse(
         yield events()
 
 
+CONTROL_EVENTS = frozenset({"caught_up", "resync_required", "message_delta"})
+
+
 def ids(events: list[ServerSentEvent]) -> list[int]:
-    return [int(e.id) for e in events if e.id]
+    """Ids of the durable events. httpx-sse, like EventSource, repeats the last id on control
+    frames (the last-event-id buffer persists), so those are told apart by type."""
+    return [int(e.id) for e in events if e.id and e.event not in CONTROL_EVENTS]
 
 
 @contextlib.contextmanager

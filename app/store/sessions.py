@@ -137,7 +137,7 @@ async def _replay_idempotent(
         f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (found["session_id"],)
     )
     row = await cur.fetchone()
-    if row is None:  # retention removed the session; the key is stale
+    if row is None or row["deleted_at"] is not None:  # deleted (or purged) since
         raise SessionNotFound()
     return row
 

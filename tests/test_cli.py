@@ -1,0 +1,226 @@
+"""The `ferryman` command (`python -m app`), run as real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+
+from app.db import migrate
+from tests.support import REPO, ServerProcess, client, free_port, server_url, with_database
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_env(database_url: str | None, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FERRYMAN_AUTH", "FERRYMAN_HOST", "FERRYMAN_PORT")
+    }
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    env["FERRYMAN_LOG_FORMAT"] = "console"
+    env.update(extra)
+    return env
+
+
+async def ferryman(*args: str, env: dict[str, str], timeout: float = 60) -> Result:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app",
+        *args,
+        env=env,
+        cwd=REPO,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        raise AssertionError(
+            f"`ferryman {' '.join(args)}` still running after {timeout}s:\n{err.decode()[-2000:]}"
+        ) from None
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+async def test_keys_create_list_revoke(server: ServerProcess, database_url: str) -> None:
+    env = cli_env(database_url)
+    owner = f"cli-{uuid.uuid4().hex[:8]}@example.com"
+
+    created = await ferryman("keys", "create", "--owner", owner, "--name", "laptop", env=env)
+    assert created.returncode == 0, created.stderr
+    lines = created.stdout.splitlines()
+    assert len(lines) == 1, created.stdout  # the key alone on stdout, for scripts
+    key = lines[0].strip()
+    assert key.startswith("fm_")
+    assert len(key) >= 40
+    match = re.search(r"key ([0-9a-f-]{36})", created.stderr)
+    assert match, created.stderr
+    key_id = match.group(1)
+
+    # The key works, as its owner.
+    async with client(server.url, key) as http:
+        response = await http.post("/api/agent", json={"prompt": "from the cli"})
+        assert response.status_code == 201
+        assert response.json()["ownerId"] == owner
+
+    # Only a digest is stored.
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT owner_id, name, key_hash, prefix FROM api_keys WHERE id = %s", (key_id,)
+        ).fetchone()
+    assert row is not None
+    assert row[0] == owner and row[1] == "laptop"
+    assert key not in row[2] and len(row[3]) < len(key)
+
+    listed = await ferryman("keys", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert key not in listed.stdout + listed.stderr  # never shown again
+    assert key[:12] not in listed.stdout
+    line = next(line for line in listed.stdout.splitlines() if key_id in line)
+    assert owner in line and "active" in line and "laptop" in line
+
+    revoked = await ferryman("keys", "revoke", key_id, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert "revoked" in revoked.stdout
+
+    async with client(server.url, key) as http:
+        response = await http.get("/api/agent")
+        assert response.status_code == 401
+        assert response.json()["code"] == "INVALID_API_KEY"
+
+    again, listed = await asyncio.gather(
+        ferryman("keys", "revoke", key_id, env=env),
+        ferryman("keys", "list", "--owner", owner, env=env),
+    )
+    assert again.returncode != 0
+    assert "no active key" in again.stderr
+    assert listed.returncode == 0, listed.stderr
+    lines = [line for line in listed.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and key_id in lines[0]  # --owner filters
+    assert "revoked" in lines[0] and "active" not in lines[0]
+
+
+async def test_keys_commands_reject_bad_arguments(database_url: str) -> None:
+    env = cli_env(database_url)
+    bad_owners = ["", "has space/ünï", "-leading-dash", "x" * 129]
+    results = await asyncio.gather(
+        *(ferryman("keys", "create", f"--owner={owner}", env=env) for owner in bad_owners),
+        ferryman("keys", "create", env=env),
+        ferryman("keys", "revoke", "not-a-uuid", env=env),
+        ferryman("keys", "revoke", str(uuid.uuid4()), env=env),
+    )
+    *owners, missing, bad_id, unknown_id = results
+    for owner, result in zip(bad_owners, owners, strict=True):
+        assert result.returncode != 0, owner
+        assert "--owner" in result.stderr, (owner, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "fm_" not in result.stdout
+    assert missing.returncode != 0
+    assert "--owner" in missing.stderr
+    assert bad_id.returncode != 0 and "KEY_ID" in bad_id.stderr
+    assert unknown_id.returncode != 0 and "no active key" in unknown_id.stderr
+    for result in (missing, bad_id, unknown_id):
+        assert "Traceback" not in result.stderr
+
+    # None of the refused owners got a key.
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT owner_id FROM api_keys WHERE owner_id = ANY(%s)", (bad_owners,)
+        ).fetchall()
+    assert rows == []
+
+
+@pytest.fixture
+def empty_database() -> Iterator[str]:
+    """A database with no schema at all."""
+    admin_url = server_url()
+    name = f"ferryman_cli_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+async def test_migrate_is_idempotent(empty_database: str) -> None:
+    env = cli_env(empty_database)
+    head = migrate.head_revision()
+    assert head
+    # Two replicas migrating an empty database at once take turns (an advisory lock) ...
+    first = await asyncio.gather(ferryman("migrate", env=env), ferryman("migrate", env=env))
+    # ... and a later run finds nothing to do.
+    again = await ferryman("migrate", env=env)
+    for result in (*first, again):
+        assert result.returncode == 0, result.stderr
+        assert head in result.stdout
+    assert again.stdout == first[0].stdout == first[1].stdout
+    with psycopg.connect(empty_database) as conn:
+        versions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            ).fetchall()
+        }
+    assert versions == [(head,)]
+    assert {"sessions", "session_events", "owner_events", "api_keys"} <= tables
+
+
+async def test_serve_refuses_local_mode_on_a_public_address() -> None:
+    # No database is needed (none is given): the refusal comes before anything starts.
+    refused = await asyncio.gather(
+        ferryman(
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(free_port()),
+            env=cli_env(None, FERRYMAN_AUTH="local"),
+        ),
+        ferryman(
+            "serve",
+            env=cli_env(None, FERRYMAN_AUTH="local", FERRYMAN_HOST="::", FERRYMAN_PORT="1"),
+        ),
+    )
+    for result in refused:
+        assert result.returncode != 0, result.stderr
+        assert "FERRYMAN_AUTH" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_serve_on_a_public_address_requires_keys(database_url: str) -> None:
+    """Without FERRYMAN_AUTH, a non-loopback bind runs in keys mode: nobody is `local`."""
+    assert "FERRYMAN_AUTH" not in os.environ
+    proc = ServerProcess(database_url, args=["--host", "0.0.0.0"]).start()
+    try:
+        response = httpx.get(f"{proc.url}/api/agent", timeout=10)
+        assert response.status_code == 401
+        assert response.json()["code"] == "AUTH_REQUIRED"
+        assert "auth: keys" in proc.logs()
+    finally:
+        proc.stop()

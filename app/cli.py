@@ -69,6 +69,13 @@ def serve(
         )
     typer.echo("Preparing the database ...", err=True)
     url = bootstrap.prepare(settings)
+    if settings.auth_mode == "keys" and not _with_db(key_store.any_active, url):
+        typer.secho(
+            "warning: no API key exists yet, so every request will answer 401; create one with "
+            "`ferryman keys create --owner NAME`",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
     app = create_app(settings, url, with_worker=worker)
     config = uvicorn.Config(
         app,
@@ -125,10 +132,12 @@ def migrate_command() -> None:
     typer.echo(f"database at revision {revision}")
 
 
-def _with_db(work: Any) -> Any:
-    settings = _settings()
-    configure_logs("warning", settings.log_format)
-    url = bootstrap.prepare(settings)
+def _with_db(work: Any, url: str | None = None) -> Any:
+    """Run `work(conn)` in one transaction (preparing the database unless `url` is given)."""
+    if url is None:
+        settings = _settings()
+        configure_logs("warning", settings.log_format)
+        url = bootstrap.prepare(settings)
 
     async def run() -> Any:
         db = Database(url, min_size=1, max_size=1)

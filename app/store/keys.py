@@ -46,6 +46,11 @@ async def owner_for_key(conn: Connection, key: str) -> str | None:
     return row["owner_id"] if row else None
 
 
+async def any_active(conn: Connection) -> bool:
+    cur = await conn.execute("SELECT 1 FROM api_keys WHERE revoked_at IS NULL LIMIT 1")
+    return await cur.fetchone() is not None
+
+
 async def list_keys(conn: Connection, owner_id: str | None) -> list[dict[str, Any]]:
     cur = await conn.execute(
         """

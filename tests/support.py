@@ -161,7 +161,7 @@ async def sse(
 
         async def events() -> AsyncIterator[ServerSentEvent]:
             async for event in source.aiter_sse():
-                if event.data or event.id:
+                if event.data:
                     yield event
 
         yield events()

@@ -35,7 +35,7 @@ LastEventIdHeader = Annotated[
 ]
 LastEventIdQuery = Annotated[
     str | None,
-    Query(alias="lastEventId", max_length=64, description="Resume after this id (header wins)."),
+    Query(alias="lastEventId", description="Resume after this id (the header wins)."),
 ]
 
 
@@ -88,7 +88,7 @@ async def stream_owner_events(
     last_event_id_query: LastEventIdQuery = None,
 ) -> StreamingResponse:
     """Lifecycle events of all the caller's sessions. No cursor: live from now."""
-    cursor = parse_cursor(last_event_id if last_event_id is not None else last_event_id_query)
+    cursor = parse_cursor(last_event_id or last_event_id_query)
     async with services.db.connection() as conn:
         last_id, first_retained = await event_store.owner_feed_bounds(conn, owner)
     options = _options(services)
@@ -118,7 +118,7 @@ async def stream_session_events(
 ) -> StreamingResponse:
     """One session's log; ids are its `seq`. No cursor: replay from seq 1."""
     sid = parse_session_id(session_id)
-    cursor = parse_cursor(last_event_id if last_event_id is not None else last_event_id_query)
+    cursor = parse_cursor(last_event_id or last_event_id_query)
     async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, sid)
     options = _options(services, follow)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from prometheus_client import Gauge
 
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.streams.feed import FeedHub, FeedSource
+from app.streams.feed import FeedHub, FeedSource, wait_changed
 from app.streams.frames import PING, ResyncReason, control, retry
 
 OPEN_STREAMS = Gauge("ferryman_sse_streams_open", "Open SSE streams", ["kind"])
@@ -46,6 +46,15 @@ async def resync_stream(
     )
 
 
+def _expired(cursor: int, current: int) -> bytes:
+    """Retention removed events after `cursor` before this stream sent them: never skip them
+    silently (a reader that saw id n must have seen every id <= n); ask for a resync."""
+    return control(
+        "resync_required",
+        {"reason": "expired", "fromEventId": str(cursor), "currentEventId": str(current)},
+    )
+
+
 async def event_stream(
     kind: str,
     hub: FeedHub,
@@ -57,7 +66,8 @@ async def event_stream(
     OPEN_STREAMS.labels(kind).inc()
     try:
         yield retry(options.retry_ms)
-        async with hub.attach(source) as feed:
+        hub.watch_shutdown(shutdown)
+        async with hub.attach(source, tick_interval=options.ping_interval) as feed:
             if not await wait_any(feed.ready, shutdown, timeout=options.ping_interval):
                 yield PING
                 await wait_any(feed.ready, shutdown, timeout=3600)
@@ -72,8 +82,11 @@ async def event_stream(
                     continue
                 if not events:
                     break
-                for event in events:
-                    yield event.frame("backlog")
+                if events[0].id != cursor + 1:
+                    yield _expired(cursor, feed.head)
+                    return
+                # One write per batch, not per event.
+                yield b"".join(event.frame("backlog") for event in events)
                 replayed += len(events)
                 cursor = events[-1].id
             yield control(
@@ -83,25 +96,44 @@ async def event_stream(
             if not options.follow:
                 return
             _, ephemeral_seen = feed.ephemeral_since(0)
+            sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
                 changed = feed.changed
-                ephemeral, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
-                for frame in ephemeral:
-                    yield frame
+                if feed.ephemeral_count != ephemeral_seen:
+                    ephemeral, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
+                    for frame in ephemeral:
+                        yield frame
+                        sent = True
                 try:
-                    events = await feed.read(cursor)
+                    # From the feed's memory without a coroutine when it can (the common case:
+                    # every stream of a feed runs this at every event).
+                    live = feed.since(cursor)
+                    events = live if live is not None else await feed.read(cursor)
                 except UNAVAILABLE_ERRORS:
                     # The database is away: keep the connection, keep pinging, read again.
                     events = []
                     await asyncio.sleep(min(options.ping_interval, 1.0))
-                if events:
-                    for event in events:
-                        yield event.frame("live")
-                    cursor = events[-1].id
-                    continue
-                if feed.closed:
+                if events and events[0].id != cursor + 1:
+                    yield _expired(cursor, feed.head)
                     return
-                if not await wait_any(changed, shutdown, timeout=options.ping_interval):
+                if events:
+                    # Events that arrived together leave in one write (a stream that fell
+                    # behind catches up in a few sends).
+                    if len(events) == 1:
+                        yield events[0].frame("live")
+                    else:
+                        yield b"".join(event.frame("live") for event in events)
+                    cursor = events[-1].id
+                    sent = True
+                    continue
+                if feed.closed or shutdown.is_set():
+                    return
+                if not sent:
+                    # Woken by the feed's keep-alive tick (or for nothing new): ping, so no
+                    # stream stays silent longer than the ping interval.
                     yield PING
+                sent = False
+                # Woken by a change, the feed's tick, or shutdown (watch_shutdown above).
+                await wait_changed(changed)
     finally:
         OPEN_STREAMS.labels(kind).dec()

@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
+from app.db.pool import MAX_RECONNECT_DELAY
 from app.store import runs
 
 log = logging.getLogger(__name__)
@@ -43,17 +44,18 @@ class Heartbeat(threading.Thread):
         self.on_beat = on_beat
         self.on_disconnect = on_disconnect
         self.registered = threading.Event()
-        self._stop = threading.Event()
+        # Not `_stop`: that would shadow threading.Thread._stop, which join() calls.
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         asyncio.run(self._main())
 
     async def _main(self) -> None:
         backoff = 0.1
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
                     self.url, autocommit=True, row_factory=dict_row
@@ -71,12 +73,13 @@ class Heartbeat(threading.Thread):
                 log.warning("heartbeat connection lost: %s", exc)
                 self.on_disconnect()
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                # Capped low: until it registers again the worker claims nothing.
+                backoff = min(backoff * 2, MAX_RECONNECT_DELAY)
 
     async def _beat(self, conn: psycopg.AsyncConnection[dict[str, object]]) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             held = self.held()
             still_held = await runs.heartbeat(conn, self.worker_id, self.ttl, held)
             lost = [session_id for session_id in held if session_id not in still_held]
             self.on_beat(still_held, lost)
-            await asyncio.to_thread(self._stop.wait, self.interval)
+            await asyncio.to_thread(self._stopping.wait, self.interval)

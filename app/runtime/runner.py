@@ -19,6 +19,7 @@ from app.agent.conversation import (
     Message,
     ToolCall,
     ToolResult,
+    UserMessage,
     conversation_from_events,
     message_from_event,
 )
@@ -144,7 +145,8 @@ class Run:
             rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
         self.seen_seq = max((int(r["seq"]) for r in rows), default=0)
         self.read_seq = self.seen_seq
-        plan = plan_resume(conversation_from_events(rows))
+        history = undelivered_last(conversation_from_events(rows), self.row["delivered_seq"])
+        plan = plan_resume(history)
         self.conversation = list(plan.conversation)
         self.not_rerun = self.interrupted_side_effects(plan)
         ran_before = any(r["type"] in _RUN_EVENTS for r in rows)
@@ -365,6 +367,17 @@ def _call_key(call: ToolCall) -> tuple[str, str]:
 
 
 _RUN_EVENTS = frozenset({"session_start", "session_resumed", "assistant_message", "session_end"})
+
+
+def undelivered_last(history: list[Message], delivered_seq: int) -> list[Message]:
+    """Move user messages the model never saw (logged during the last turn, after it read the
+    log) behind everything it did see: otherwise a follow-up that came in during the final
+    turn sits before that turn's answer, the plan reads `already-complete`, and the message
+    is never answered (and re-queues the session forever)."""
+    late = [m for m in history if isinstance(m, UserMessage) and m.seq > delivered_seq]
+    if not late:
+        return history
+    return [m for m in history if not any(m is x for x in late)] + late
 
 
 def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "follow_up"]:

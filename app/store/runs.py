@@ -36,6 +36,16 @@ async def register_worker(conn: Connection, worker_id: str, pid: int, hostname: 
         """,
         (worker_id, pid, hostname, key),
     )
+    # Registering again means the old connection died and every run was aborted: give their
+    # leases back now, so other workers need not wait out the TTL. (A run still winding down
+    # writes nothing: its fence names a lease that is gone.)
+    cur = await conn.execute(
+        "UPDATE sessions SET lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
+        " WHERE lease_worker_id = %s AND status = 'running' RETURNING id",
+        (worker_id,),
+    )
+    if await cur.fetchone() is not None:
+        await notify(conn, WORK_KEY)
     return key
 
 

@@ -35,7 +35,9 @@ class Bus:
         *,
         probe_interval: float = 5.0,
         min_backoff: float = 0.1,
-        max_backoff: float = 5.0,
+        # One connection per process: retrying every second costs little and keeps the
+        # window in which notifications are missed (and /readyz answers 503) short.
+        max_backoff: float = 1.0,
     ) -> None:
         self.url = url
         self.probe_interval = probe_interval

@@ -58,7 +58,7 @@ def owner_source(services: Services, owner: str) -> FeedSource:
             rows = await event_store.read_owner_events(conn, owner, after, limit)
         return [owner_event(row) for row in rows]
 
-    return FeedSource(owner_key(owner), head, read)
+    return FeedSource(owner_key(owner), head, read, closable=False)
 
 
 def session_source(services: Services, session_id: UUID) -> FeedSource:

@@ -31,6 +31,9 @@ class FeedSource:
     key: str
     head: Callable[[], Awaitable[tuple[int, bool]]]  # (last id, closed)
     read: Callable[[int, int], Awaitable[list[Event]]]  # (after, limit) -> events
+    # Whether the subject can go away (a session can be deleted; an owner's feed cannot):
+    # only then is the head re-read after each batch to notice it.
+    closable: bool = True
 
 
 class Feed:
@@ -139,7 +142,7 @@ class Feed:
                 self._announce()
             if len(events) < BATCH:
                 break
-        if not self.closed:
+        if self.source.closable and not self.closed:
             _, closed = await self.source.head()
             if closed:
                 self.closed = True

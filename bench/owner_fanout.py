@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.stats import percentile
+
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -449,13 +451,6 @@ def send_floor(streams: int, rounds: int = 200, size: int = 420) -> None:
     )
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 @dataclass
 class Result:
     subscribers: int
@@ -635,12 +630,12 @@ def run_scenario(
         duplicates=duplicates,
         out_of_order=out_of_order,
         errors=sorted(set(errors))[:5],
-        p50_ms=percentile(latencies, 0.50),
-        p90_ms=percentile(latencies, 0.90),
-        p99_ms=percentile(latencies, 0.99),
+        p50_ms=percentile(latencies, 50),
+        p90_ms=percentile(latencies, 90),
+        p99_ms=percentile(latencies, 99),
         max_ms=latencies[-1] if latencies else float("nan"),
-        fanout_p50_ms=percentile(fanout, 0.50),
-        fanout_p99_ms=percentile(fanout, 0.99),
+        fanout_p50_ms=percentile(fanout, 50),
+        fanout_p99_ms=percentile(fanout, 99),
         rss_peak_mb=(sampler.peak if sampler else 0) / 2**20,
         rss_hwm_mb=rss_hwm / 2**20,
         rss_idle_mb=rss_idle / 2**20,

@@ -1,14 +1,30 @@
 """Fixtures: a real PostgreSQL (the embedded one, or DATABASE_URL), a fresh database per test
-run, and real `ferryman serve` processes for anything that streams."""
+run, and real `ferryman serve` processes for anything that streams.
+
+Modules that start workers use a database of their own (`isolated_db`, and the `api`, `key`,
+`start_worker` and `shared_worker` on it): workers claim any queued session in their database,
+so sharing the session-wide one would let them run other tests' sessions (and other tests'
+workers run theirs).
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import psycopg
 import pytest
 
 from app.db.pool import Database
-from tests.support import ServerProcess, create_owner_key, fresh_database
+from tests.support import (
+    WORKER_ENV,
+    ServerProcess,
+    StartWorker,
+    WorkerProcess,
+    create_owner_key,
+    fresh_database,
+    running,
+    stop_all,
+)
 
 
 @pytest.fixture(scope="session")
@@ -21,9 +37,8 @@ def database_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def server(database_url: str) -> Iterator[ServerProcess]:
     """One `ferryman serve` shared by the tests that do not need a server of their own."""
-    proc = ServerProcess(database_url).start()
-    yield proc
-    proc.stop()
+    with running(ServerProcess(database_url)) as proc:
+        yield proc
 
 
 @pytest.fixture
@@ -38,3 +53,56 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     await database.pool.open(wait=True)
     yield database
     await database.close()
+
+
+# --- a database of the module's own, for modules that run workers ------------------------------
+
+
+@pytest.fixture(scope="module")
+def isolated_db() -> Iterator[str]:
+    """A fresh, migrated database on the test server, for this module's workers alone."""
+    with fresh_database("ferryman_test") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def api(isolated_db: str) -> Iterator[ServerProcess]:
+    """An API server (no worker) on the module's database."""
+    with running(ServerProcess(isolated_db, env={"FERRYMAN_POLL_INTERVAL": "1"})) as proc:
+        yield proc
+
+
+@pytest.fixture
+def key(isolated_db: str) -> str:
+    """A fresh owner's API key on the module's database."""
+    return create_owner_key(isolated_db)[1]
+
+
+@pytest.fixture
+def start_worker(isolated_db: str) -> Iterator[StartWorker]:
+    """Start `ferryman worker` processes; all are stopped when the test ends, and sessions the
+    test left unfinished are closed so no later test's worker picks them up."""
+    started: list[WorkerProcess] = []
+
+    def start(env: dict[str, str] | None = None, concurrency: int = 4) -> WorkerProcess:
+        worker = WorkerProcess(
+            isolated_db, env={**WORKER_ENV, **(env or {})}, concurrency=concurrency
+        )
+        started.append(worker.start())
+        return worker
+
+    yield start
+    stop_all(started)
+    with psycopg.connect(isolated_db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE sessions SET status = 'cancelled', lease_worker_id = NULL, lease_pid = NULL,"
+            " lease_expires_at = NULL WHERE status NOT IN ('succeeded', 'failed', 'cancelled')"
+        )
+
+
+@pytest.fixture(scope="module")
+def shared_worker(isolated_db: str) -> Iterator[WorkerProcess]:
+    """One plain worker for the tests of a module that need nothing special of it."""
+    worker = WorkerProcess(isolated_db, env=WORKER_ENV, concurrency=4).start()
+    yield worker
+    stop_all([worker])

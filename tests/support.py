@@ -1,4 +1,5 @@
-"""Test support: real servers on ephemeral ports, API keys, SSE readers."""
+"""Test support: real servers and workers in child processes, databases, API keys, SSE readers,
+and the HTTP and SQL helpers the test modules share."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from signal import SIGTERM  # WorkerProcess.signal shadows the module in its class
+from signal import SIGTERM  # ChildProcess.signal shadows the module in its class
 from typing import Any
 
 import httpx
 import psycopg
 from httpx_sse import ServerSentEvent, aconnect_sse
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from app.db import migrate
 from app.db.embedded import start_embedded
@@ -47,21 +49,27 @@ def with_database(url: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def fresh_database(prefix: str) -> Iterator[str]:
-    """A new, migrated database on the server under test, dropped afterwards."""
+def empty_database(prefix: str) -> Iterator[str]:
+    """A new database with no schema on the server under test, dropped afterwards."""
     admin_url = server_url()
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(admin_url, name)
-    migrate.upgrade(url)
     try:
-        yield url
+        yield with_database(admin_url, name)
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """A new, migrated database on the server under test, dropped afterwards."""
+    with empty_database(prefix) as url:
+        migrate.upgrade(url)
+        yield url
 
 
 def free_port() -> int:
@@ -71,56 +79,50 @@ def free_port() -> int:
 
 
 @dataclass
-class ServerProcess:
-    """`ferryman serve` in a child process, on an ephemeral port."""
+class ChildProcess:
+    """`python -m app ...` in a child process, its output in a log file."""
 
     database_url: str
     env: dict[str, str] = field(default_factory=dict)
-    args: list[str] = field(default_factory=list)
-    # Sessions stay queued unless the test asks for the in-process worker.
-    worker: bool = False
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: str = ""
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    log_path: str = field(default="", init=False)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> ServerProcess:
-        self.port = self.port or free_port()
+    def _spawn(
+        self, args: list[str], log_path: str, defaults: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start the command; `defaults` are environment settings that `env` may override."""
         env = {
             **os.environ,
             "DATABASE_URL": self.database_url,
             "FERRYMAN_LOG_FORMAT": "json",
-            "FERRYMAN_POLL_INTERVAL": "2",
+            **(defaults or {}),
             **self.env,
         }
-        self.log_path = f"/tmp/ferryman-test-server-{self.port}.log"
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             *([] if self.worker else ["--no-worker"]), *self.args],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.logs()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return self
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready in {timeout}s:\n{self.logs()}")
+        self.log_path = log_path
+        with open(log_path, "wb") as log:  # the child keeps its own handle
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app", *args],
+                env=env,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self.proc
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def logs(self) -> str:
         with open(self.log_path, errors="replace") as f:
             return f.read()[-5000:]
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = SIGTERM, timeout: float = 15.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
@@ -129,6 +131,61 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+@dataclass
+class ServerProcess(ChildProcess):
+    """`ferryman serve` in a child process, on an ephemeral port (or `port`, when set)."""
+
+    args: list[str] = field(default_factory=list)
+    # Sessions stay queued unless the test asks for the in-process worker.
+    worker: bool = False
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.port = self.port or free_port()
+        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        proc = self._spawn(
+            [*args, *([] if self.worker else ["--no-worker"]), *self.args],
+            f"/tmp/ferryman-test-server-{self.port}.log",
+            {"FERRYMAN_POLL_INTERVAL": "2"},
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.logs()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready in {timeout}s:\n{self.logs()}")
+
+
+@dataclass
+class WorkerProcess(ChildProcess):
+    """`ferryman worker` in a child process (SIGKILL it to test recovery)."""
+
+    concurrency: int = 4
+
+    def start(self) -> WorkerProcess:
+        self._spawn(
+            ["worker", "--concurrency", str(self.concurrency)],
+            f"/tmp/ferryman-test-worker-{uuid.uuid4().hex[:8]}.log",
+        )
+        return self
+
+
+@contextlib.contextmanager
+def running(server: ServerProcess) -> Iterator[ServerProcess]:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def create_owner_key(database_url: str, owner: str | None = None) -> tuple[str, str]:
@@ -176,71 +233,63 @@ def ids(events: list[ServerSentEvent]) -> list[int]:
     return [int(e.id) for e in events if e.id and e.event not in CONTROL_EVENTS]
 
 
-@contextlib.contextmanager
-def running(server: ServerProcess) -> Iterator[ServerProcess]:
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+# --- the REST API -----------------------------------------------------------------------------
+
+PROBLEM = "application/problem+json"
+TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-@dataclass
-class WorkerProcess:
-    """`ferryman worker` in a child process (SIGKILL it to test recovery)."""
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """`response` is an RFC 9457 problem with this status and `code`; its body."""
+    assert response.status_code == status, (response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith(PROBLEM), response.headers
+    body: dict[str, Any] = response.json()
+    assert body["code"] == code, body
+    assert body["status"] == status
+    assert body["type"] == "about:blank"
+    assert isinstance(body["title"], str) and body["title"]
+    assert isinstance(body["detail"], str)
+    if status == 422:
+        assert body["errors"], body
+        assert all({"field", "message", "type"} <= set(e) for e in body["errors"])
+    return body
 
-    database_url: str
-    env: dict[str, str] = field(default_factory=dict)
-    concurrency: int = 4
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: str = ""
 
-    def start(self) -> WorkerProcess:
-        env = {
-            **os.environ,
-            "DATABASE_URL": self.database_url,
-            "FERRYMAN_LOG_FORMAT": "json",
-            **self.env,
-        }
-        self.log_path = f"/tmp/ferryman-test-worker-{uuid.uuid4().hex[:8]}.log"
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "worker", "--concurrency", str(self.concurrency)],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        return self
+async def create_session(
+    http: httpx.AsyncClient, prompt: str = "hello", **body: Any
+) -> dict[str, Any]:
+    """POST /api/agent (201); the new Session."""
+    response = await http.post("/api/agent", json={"prompt": prompt, **body})
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    return session
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
-    def logs(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-5000:]
+async def new_session(http: httpx.AsyncClient, prompt: str = "hello", **body: Any) -> str:
+    """create_session, for the new session's id alone."""
+    session_id: str = (await create_session(http, prompt, **body))["id"]
+    return session_id
 
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
 
-    def stop(self, sig: int = SIGTERM, timeout: float = 15.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+async def transcript(http: httpx.AsyncClient, session_id: str) -> list[dict[str, Any]]:
+    response = await http.get(f"/api/agent/{session_id}/transcript", params={"limit": 1000})
+    assert response.status_code == 200, response.text
+    events: list[dict[str, Any]] = response.json()["events"]
+    return events
+
+
+def of_type(events: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == type_]
+
+
+def assert_contiguous(events: list[dict[str, Any]]) -> None:
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
 
 async def wait_for_status(
-    http: httpx.AsyncClient, session_id: str, statuses: set[str], timeout: float = 30.0
+    http: httpx.AsyncClient, session_id: str, statuses: set[str], timeout: float = 20.0
 ) -> dict[str, Any]:
-    """Poll a session until its status is one of `statuses`."""
+    """Poll a session until its status is one of `statuses`; the session."""
     deadline = time.monotonic() + timeout
     while True:
         body: dict[str, Any] = (await http.get(f"/api/agent/{session_id}")).json()
@@ -248,5 +297,70 @@ async def wait_for_status(
             return body
         if time.monotonic() > deadline:
             status = body.get("status")
-            raise AssertionError(f"session {session_id} still {status} after {timeout}s")
+            raise AssertionError(f"{session_id} still {status} after {timeout}s: {body}")
         await asyncio.sleep(0.05)
+
+
+async def wait_event(
+    http: httpx.AsyncClient,
+    session_id: str,
+    match: Callable[[dict[str, Any]], bool],
+    timeout: float = 20.0,
+) -> dict[str, Any]:
+    """Poll the transcript until an event matches; that event."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in await transcript(http, session_id):
+            if match(event):
+                return event
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no matching event in {session_id} after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+# --- the database -----------------------------------------------------------------------------
+
+
+async def query(url: str, statement: str, params: Any = ()) -> list[dict[str, Any]]:
+    """Run one statement in its own connection; its rows (none for a statement without any)."""
+    async with await psycopg.AsyncConnection.connect(
+        url, autocommit=True, row_factory=dict_row
+    ) as conn:
+        cur = await conn.execute(statement, params)
+        return await cur.fetchall() if cur.description else []
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+# Fast claims and heartbeats for every test worker unless a test says otherwise.
+WORKER_ENV = {"FERRYMAN_CLAIM_INTERVAL": "0.2", "FERRYMAN_HEARTBEAT_INTERVAL": "0.5"}
+StartWorker = Callable[..., WorkerProcess]
+
+
+async def ready(*workers: WorkerProcess, timeout: float = 30.0) -> None:
+    """Wait until each worker has registered and entered its claim loop."""
+    deadline = time.monotonic() + timeout
+    for worker in workers:
+        while "started (concurrency" not in worker.logs():
+            assert worker.proc is not None
+            if worker.proc.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{worker.logs()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker not ready in {timeout}s:\n{worker.logs()}")
+            await asyncio.sleep(0.05)
+
+
+def stop_all(workers: list[WorkerProcess]) -> None:
+    """SIGTERM every live worker (resuming stopped ones first), then wait for all of them."""
+    live = [w for w in workers if w.proc is not None and w.proc.poll() is None]
+    for worker in live:
+        with contextlib.suppress(ProcessLookupError):
+            worker.signal(signal.SIGCONT)
+            worker.signal(signal.SIGTERM)
+    for worker in live:
+        worker.stop(timeout=10)
+
+
+async def live_workers(url: str) -> list[str]:
+    rows = await query(url, "SELECT id FROM workers WHERE stopped_at IS NULL")
+    return [r["id"] for r in rows]

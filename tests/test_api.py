@@ -11,10 +11,16 @@ import uuid
 from typing import Any
 
 import httpx
-import psycopg
-from psycopg.rows import dict_row
 
-from tests.support import ServerProcess, client, create_owner_key, sse
+from tests.support import (
+    ServerProcess,
+    assert_problem,
+    client,
+    create_owner_key,
+    create_session,
+    query,
+    sse,
+)
 
 SESSION_FIELDS = {
     "id",
@@ -35,20 +41,16 @@ SESSION_FIELDS = {
 }
 ENVELOPE_FIELDS = {"id", "type", "sessionId", "ownerId", "ts", "phase", "seq", "attempt", "data"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
-PROBLEM = "application/problem+json"
 
 
-async def sql(database_url: str, query: str, params: Any = ()) -> list[dict[str, Any]]:
-    async with await psycopg.AsyncConnection.connect(
-        database_url, autocommit=True, row_factory=dict_row
-    ) as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall() if cur.description else []
+async def set_status(database_url: str, session_id: str, status: str) -> None:
+    """Move a session to `status` behind the API's back (no worker runs here)."""
+    await query(database_url, "UPDATE sessions SET status = %s WHERE id = %s", (status, session_id))
 
 
 async def make_running(database_url: str, session_id: str) -> None:
     """What a worker's claim would do: the session is `running` under a live lease."""
-    await sql(
+    await query(
         database_url,
         "UPDATE sessions SET status = 'running', lease_worker_id = 'w-test', lease_pid = 4242,"
         " attempt = 1, lease_expires_at = now() + interval '1 min' WHERE id = %s",
@@ -77,21 +79,33 @@ async def cursor_of(http: httpx.AsyncClient) -> str:
     return cursor
 
 
-async def create(http: httpx.AsyncClient, prompt: str = "hello", **body: Any) -> dict[str, Any]:
-    response = await http.post("/api/agent", json={"prompt": prompt, **body})
-    assert response.status_code == 201, response.text
-    session: dict[str, Any] = response.json()
-    return session
+async def walk_pages(http: httpx.AsyncClient, **params: Any) -> tuple[list[str], int]:
+    """List sessions from the first page to the last (`nextPageToken` null); their ids, and how
+    many pages that took."""
+    seen: list[str] = []
+    pages = 0
+    token: str | None = None
+    while True:
+        paging = {"pageToken": token} if token else {}
+        page = (await http.get("/api/agent", params={**params, **paging})).json()
+        pages += 1
+        seen += [s["id"] for s in page["sessions"]]
+        token = page["nextPageToken"]
+        if token is None:
+            return seen, pages
+        assert isinstance(token, str) and token
 
 
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith(PROBLEM)
-    body: dict[str, Any] = response.json()
-    assert body["code"] == code
-    assert body["status"] == status
-    assert body["title"] and "detail" in body
-    return body
+async def cancel_accepted(http: httpx.AsyncClient, session_id: str, status: str) -> dict[str, Any]:
+    """Cancel a session: 202, the request recorded with the session in `status`, as a read of
+    the session confirms; that read."""
+    response = await http.post(f"/api/agent/{session_id}/cancel")
+    assert response.status_code == 202
+    assert response.json() == {"id": session_id, "cancelRequested": True, "status": status}
+    got: dict[str, Any] = (await http.get(f"/api/agent/{session_id}")).json()
+    assert got["status"] == status
+    assert got["cancelRequested"] is True
+    return got
 
 
 # --- create ---------------------------------------------------------------------------------
@@ -146,30 +160,30 @@ async def test_create_with_every_field(server: ServerProcess, owner_key: tuple[s
         "metadata": {"ticket": 42, "tags": ["a", "b"], "nested": {"ok": True, "none": None}},
     }
     async with client(server.url, key) as http:
-        session = await create(http, **body)
+        session = await create_session(http, **body)
         assert session["title"] == "My title"
         assert session["metadata"] == body["metadata"]
         assert session["model"] == "scripted"
-        openai = await create(http, "x", model="openai:gpt-4o-mini")
+        openai = await create_session(http, "x", model="openai:gpt-4o-mini")
         assert openai["model"] == "openai:gpt-4o-mini"
 
 
 async def test_default_titles(server: ServerProcess, owner_key: tuple[str, str]) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        long = await create(http, "x" * 500)
+        long = await create_session(http, "x" * 500)
         assert len(long["title"]) <= 80
         assert long["title"].startswith("xxxx")
-        blank = await create(http, "   ")
+        blank = await create_session(http, "   ")
         assert blank["title"]  # never empty
-        leading = await create(http, "\n\n  first real line\nsecond")
+        leading = await create_session(http, "\n\n  first real line\nsecond")
         assert leading["title"] == "first real line"
 
 
 async def test_prompt_at_the_limit(server: ServerProcess, owner_key: tuple[str, str]) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http, "é" * 100_000)
+        session = await create_session(http, "é" * 100_000)
         assert len(session["prompt"]) == 100_000
 
 
@@ -201,7 +215,7 @@ async def test_idempotency_key_replay_and_reuse(
 
         listed = (await http.get("/api/agent")).json()["sessions"]
         assert len(listed) == 2
-    rows = await sql(
+    rows = await query(
         database_url, "SELECT count(*) AS n FROM sessions WHERE owner_id = %s", (owner,)
     )
     assert rows[0]["n"] == 2
@@ -252,7 +266,7 @@ async def test_list_newest_first_and_status_filter(
         assert empty.status_code == 200
         assert empty.json() == {"sessions": [], "cursor": "0", "nextPageToken": None}
 
-        made = [await create(http, f"s{i}") for i in range(5)]
+        made = [await create_session(http, f"s{i}") for i in range(5)]
         for session in made[:2]:
             assert (await http.post(f"/api/agent/{session['id']}/cancel")).status_code == 202
 
@@ -282,37 +296,15 @@ async def test_list_paging_walks_every_session_once(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        made = [(await create(http, f"page {i}"))["id"] for i in range(7)]
-        seen: list[str] = []
-        token: str | None = None
-        pages = 0
-        while True:
-            params: dict[str, Any] = {"limit": 3}
-            if token:
-                params["pageToken"] = token
-            page = (await http.get("/api/agent", params=params)).json()
-            pages += 1
-            seen += [s["id"] for s in page["sessions"]]
-            token = page["nextPageToken"]
-            if token is None:
-                break
-            assert isinstance(token, str) and token
+        made = [(await create_session(http, f"page {i}"))["id"] for i in range(7)]
+        seen, pages = await walk_pages(http, limit=3)
         assert pages == 3
         assert seen == list(reversed(made))
 
         # Paging with a filter: only cancelled ones, two per page.
         for sid in made[::2]:
             await http.post(f"/api/agent/{sid}/cancel")
-        seen, token = [], None
-        while True:
-            params = {"limit": 2, "status": "cancelled"}
-            if token:
-                params["pageToken"] = token
-            page = (await http.get("/api/agent", params=params)).json()
-            seen += [s["id"] for s in page["sessions"]]
-            token = page["nextPageToken"]
-            if token is None:
-                break
+        seen, _ = await walk_pages(http, limit=2, status="cancelled")
         assert seen == list(reversed(made[::2]))
 
 
@@ -321,12 +313,12 @@ async def test_list_cursor_is_the_owner_feed_head(
 ) -> None:
     owner, key = owner_key
     async with client(server.url, key) as http:
-        first = await create(http)
+        first = await create_session(http)
         await http.patch(f"/api/agent/{first['id']}", json={"title": "renamed"})
         await http.post(f"/api/agent/{first['id']}/cancel")
         listed = (await http.get("/api/agent")).json()
         assert isinstance(listed["cursor"], str) and listed["cursor"].isdigit()
-        rows = await sql(
+        rows = await query(
             database_url,
             "SELECT max(id) AS last, count(*) AS n FROM owner_events WHERE owner_id = %s",
             (owner,),
@@ -334,7 +326,7 @@ async def test_list_cursor_is_the_owner_feed_head(
         assert int(listed["cursor"]) == rows[0]["last"] == rows[0]["n"]  # gap-free from 1
 
         # Streaming from the snapshot's cursor gives exactly what happened after it.
-        second = await create(http)
+        second = await create_session(http)
         after = await owner_backlog(http, listed["cursor"])
         assert [(e.event, e.id) for e in after] == [
             ("session_created", str(int(listed["cursor"]) + 1))
@@ -357,7 +349,7 @@ async def test_get_unknown_session_is_404(
 async def test_rename(server: ServerProcess, owner_key: tuple[str, str], database_url: str) -> None:
     owner, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http, "original prompt")
+        session = await create_session(http, "original prompt")
         cursor = await cursor_of(http)
         response = await http.patch(f"/api/agent/{session['id']}", json={"title": "Renamed ✓"})
         assert response.status_code == 200
@@ -378,7 +370,7 @@ async def test_rename(server: ServerProcess, owner_key: tuple[str, str], databas
         # A title at the limit is fine.
         response = await http.patch(f"/api/agent/{session['id']}", json={"title": "t" * 200})
         assert response.status_code == 200
-    rows = await sql(
+    rows = await query(
         database_url,
         "SELECT type, data FROM owner_events WHERE owner_id = %s AND type = 'session_title'"
         " ORDER BY id",
@@ -393,8 +385,8 @@ async def test_rename(server: ServerProcess, owner_key: tuple[str, str], databas
 async def test_delete(server: ServerProcess, owner_key: tuple[str, str], database_url: str) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        keep = await create(http, "keep")
-        doomed = await create(http, "doomed")
+        keep = await create_session(http, "keep")
+        doomed = await create_session(http, "doomed")
         cursor = await cursor_of(http)
         response = await http.delete(f"/api/agent/{doomed['id']}")
         assert response.status_code == 204
@@ -419,14 +411,14 @@ async def test_delete(server: ServerProcess, owner_key: tuple[str, str], databas
         assert events[0].json()["data"]["status"] == "cancelled"
         assert all(e.json()["sessionId"] == doomed["id"] for e in events)
 
-    rows = await sql(
+    rows = await query(
         database_url,
         "SELECT status, deleted_at, cancel_requested_at FROM sessions WHERE id = %s",
         (doomed["id"],),
     )
     assert rows[0]["status"] == "cancelled"
     assert rows[0]["deleted_at"] is not None  # a soft delete: the row stays
-    ends = await sql(
+    ends = await query(
         database_url,
         "SELECT data FROM session_events WHERE session_id = %s AND type = 'session_end'",
         (doomed["id"],),
@@ -439,7 +431,7 @@ async def test_delete_terminal_session_does_not_cancel_again(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         await http.post(f"/api/agent/{session['id']}/cancel")
         cursor = await cursor_of(http)
         assert (await http.delete(f"/api/agent/{session['id']}")).status_code == 204
@@ -454,19 +446,9 @@ async def test_cancel_queued_settles_at_once(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         cursor = await cursor_of(http)
-        response = await http.post(f"/api/agent/{session['id']}/cancel")
-        assert response.status_code == 202
-        assert response.json() == {
-            "id": session["id"],
-            "cancelRequested": True,
-            "status": "cancelled",
-        }
-
-        got = (await http.get(f"/api/agent/{session['id']}")).json()
-        assert got["status"] == "cancelled"
-        assert got["cancelRequested"] is True
+        got = await cancel_accepted(http, session["id"], "cancelled")
         assert got["lastSeq"] == 2
 
         transcript = (await http.get(f"/api/agent/{session['id']}/transcript")).json()
@@ -490,12 +472,8 @@ async def test_cancel_terminal_sessions_conflict(
     _, key = owner_key
     async with client(server.url, key) as http:
         for status in ("succeeded", "failed"):
-            session = await create(http)
-            await sql(
-                database_url,
-                "UPDATE sessions SET status = %s WHERE id = %s",
-                (status, session["id"]),
-            )
+            session = await create_session(http)
+            await set_status(database_url, session["id"], status)
             response = await http.post(f"/api/agent/{session['id']}/cancel")
             assert assert_problem(response, 409, "SESSION_ALREADY_TERMINAL")["sessionStatus"] == (
                 status
@@ -509,7 +487,7 @@ async def test_cancel_wait_on_queued_returns_the_session(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         response = await http.post(f"/api/agent/{session['id']}/cancel", params={"wait": "true"})
         assert response.status_code == 200
         body = response.json()
@@ -524,13 +502,9 @@ async def test_cancel_waiting_settles_at_once(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
-        await sql(
-            database_url, "UPDATE sessions SET status = 'waiting' WHERE id = %s", (session["id"],)
-        )
-        response = await http.post(f"/api/agent/{session['id']}/cancel")
-        assert response.status_code == 202
-        assert response.json()["status"] == "cancelled"
+        session = await create_session(http)
+        await set_status(database_url, session["id"], "waiting")
+        await cancel_accepted(http, session["id"], "cancelled")
 
 
 async def test_cancel_running_records_the_request_once(
@@ -538,20 +512,11 @@ async def test_cancel_running_records_the_request_once(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         await make_running(database_url, session["id"])
         cursor = await cursor_of(http)
 
-        response = await http.post(f"/api/agent/{session['id']}/cancel")
-        assert response.status_code == 202
-        assert response.json() == {
-            "id": session["id"],
-            "cancelRequested": True,
-            "status": "running",
-        }
-        got = (await http.get(f"/api/agent/{session['id']}")).json()
-        assert got["status"] == "running"
-        assert got["cancelRequested"] is True
+        got = await cancel_accepted(http, session["id"], "running")
         assert got["attempt"] == 1
         assert got["lease"]["workerId"] == "w-test"
         assert got["lease"]["pid"] == 4242
@@ -565,7 +530,7 @@ async def test_cancel_running_records_the_request_once(
         # Idempotent: the same answer, no second event.
         again = await http.post(f"/api/agent/{session['id']}/cancel")
         assert again.status_code == 202
-        assert again.json() == response.json()
+        assert again.json() == {"id": session["id"], "cancelRequested": True, "status": "running"}
         assert [e.event for e in await owner_backlog(http, cursor)] == ["session_cancel_requested"]
 
 
@@ -577,7 +542,7 @@ async def test_message_requeues_a_terminal_session(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         await http.post(f"/api/agent/{session['id']}/cancel")
         cursor = await cursor_of(http)
 
@@ -614,12 +579,8 @@ async def test_message_requeues_failed_and_waiting(
     _, key = owner_key
     async with client(server.url, key) as http:
         for status in ("failed", "succeeded", "waiting"):
-            session = await create(http)
-            await sql(
-                database_url,
-                "UPDATE sessions SET status = %s WHERE id = %s",
-                (status, session["id"]),
-            )
+            session = await create_session(http)
+            await set_status(database_url, session["id"], status)
             response = await http.post(
                 f"/api/agent/{session['id']}/messages", json={"text": "more"}
             )
@@ -633,7 +594,7 @@ async def test_message_to_queued_and_running(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         cursor = await cursor_of(http)
         queued = await http.post(f"/api/agent/{session['id']}/messages", json={"text": "also"})
         assert queued.status_code == 202
@@ -657,7 +618,7 @@ async def test_transcript_paging_and_envelopes(
 ) -> None:
     owner, key = owner_key
     async with client(server.url, key) as http:
-        session = await create(http, "m0")
+        session = await create_session(http, "m0")
         for i in range(1, 5):
             response = await http.post(
                 f"/api/agent/{session['id']}/messages", json={"text": f"m{i}"}

@@ -13,26 +13,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import ServerProcess, client, create_owner_key
+from tests.support import (
+    PROBLEM,
+    ServerProcess,
+    assert_problem,
+    client,
+    create_owner_key,
+    new_session,
+)
 
-PROBLEM = "application/problem+json"
 JSON = {"Content-Type": "application/json"}
 MiB = 1024 * 1024
-
-
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.text[:500])
-    assert response.headers["content-type"].startswith(PROBLEM), response.headers
-    body: dict[str, Any] = response.json()
-    assert body["code"] == code, body
-    assert body["status"] == status
-    assert body["type"] == "about:blank"
-    assert isinstance(body["title"], str) and body["title"]
-    assert isinstance(body["detail"], str)
-    if status == 422:
-        assert body["errors"], body
-        assert all({"field", "message", "type"} <= set(e) for e in body["errors"])
-    return body
 
 
 def raw_json(text: str) -> bytes:
@@ -62,13 +53,6 @@ def module_key(database_url: str) -> str:
 async def http(server: ServerProcess, module_key: str) -> AsyncIterator[httpx.AsyncClient]:
     async with client(server.url, module_key) as http:
         yield http
-
-
-async def new_session(http: httpx.AsyncClient) -> str:
-    response = await http.post("/api/agent", json={"prompt": "target"})
-    assert response.status_code == 201
-    sid: str = response.json()["id"]
-    return sid
 
 
 # --- create bodies --------------------------------------------------------------------------
@@ -185,7 +169,7 @@ async def test_rejected_creates_leave_nothing_behind(
 
 @pytest.mark.parametrize("body", MALFORMED.values(), ids=MALFORMED.keys())
 async def test_malformed_json(http: httpx.AsyncClient, body: bytes) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     assert_problem(await http.post("/api/agent", content=body, headers=JSON), 400, "MALFORMED_JSON")
     assert_problem(
         await http.patch(f"/api/agent/{sid}", content=body, headers=JSON), 400, "MALFORMED_JSON"
@@ -247,7 +231,7 @@ async def test_non_json_content_types(http: httpx.AsyncClient) -> None:
 
 
 async def test_rename_rejects_bad_titles(http: httpx.AsyncClient) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     for body in (
         {"title": ""},
         {"title": "t" * 201},
@@ -268,7 +252,7 @@ async def test_rename_rejects_bad_titles(http: httpx.AsyncClient) -> None:
 
 
 async def test_messages_reject_bad_text(http: httpx.AsyncClient) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     for body in (
         {"text": ""},
         {"text": "x" * 100_001},
@@ -349,7 +333,7 @@ BAD_CURSORS = [
 
 @pytest.mark.parametrize("cursor", BAD_CURSORS)
 async def test_bad_cursors_on_both_streams(http: httpx.AsyncClient, cursor: str) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     for path in ("/api/agent/owner-events", f"/api/agent/{sid}/events"):
         response = await http.get(path, params={"lastEventId": cursor})
         assert_problem(response, 400, "INVALID_CURSOR")
@@ -436,13 +420,13 @@ async def test_odd_but_valid_page_tokens_do_not_fail(http: httpx.AsyncClient) ->
     ids=repr,
 )
 async def test_bad_transcript_parameters(http: httpx.AsyncClient, params: Any) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     response = await http.get(f"/api/agent/{sid}/transcript", params=params)
     assert_problem(response, 422, "VALIDATION_ERROR")
 
 
 async def test_bad_booleans(http: httpx.AsyncClient) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     response = await http.post(f"/api/agent/{sid}/cancel", params={"wait": "maybe"})
     assert_problem(response, 422, "VALIDATION_ERROR")
     response = await http.get(f"/api/agent/{sid}/events", params={"follow": "nah"})
@@ -469,7 +453,7 @@ async def test_body_over_the_limit(server: ServerProcess, owner_key: tuple[str, 
 
 
 async def _body_over_the_limit(http: httpx.AsyncClient) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     huge = json.dumps({"prompt": "x" * (MiB + 10)}).encode()
 
     async def chunked() -> AsyncIterator[bytes]:
@@ -497,7 +481,7 @@ async def _body_over_the_limit(http: httpx.AsyncClient) -> None:
 
 
 async def test_unknown_routes_and_methods(http: httpx.AsyncClient) -> None:
-    sid = await new_session(http)
+    sid = await new_session(http, "target")
     for path in (
         "/nope",
         "/api/agents",

@@ -11,29 +11,23 @@ from typing import Any
 
 import httpx
 
-from tests import test_runner as runner
-from tests.support import ServerProcess, client
-from tests.test_runner import (
+from tests.support import (
     TERMINAL,
+    ServerProcess,
     StartWorker,
     assert_contiguous,
-    create,
+    assert_problem,
+    client,
+    new_session,
     of_type,
     query,
     ready,
     transcript,
     wait_event,
-    wait_status,
+    wait_for_status,
 )
 
-# The module's own database, API server, owners and workers (see tests/test_runner.py).
-isolated_db = runner.isolated_db
-api = runner.api
-key = runner.key
-start_worker = runner.start_worker
-
 SLEEP_30 = [{"text": "napping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 30}}]}]
-PROBLEM = "application/problem+json"
 
 
 async def cancel(http: httpx.AsyncClient, session_id: str, **params: Any) -> httpx.Response:
@@ -45,8 +39,8 @@ async def test_cancel_mid_tool_aborts_the_sleep(
 ) -> None:
     await ready(start_worker())
     async with client(api.url, key) as http:
-        first = await create(http, script=SLEEP_30)
-        second = await create(http, script=SLEEP_30)
+        first = await new_session(http, script=SLEEP_30)
+        second = await new_session(http, script=SLEEP_30)
         for sid in (first, second):
             await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")
 
@@ -54,7 +48,7 @@ async def test_cancel_mid_tool_aborts_the_sleep(
         accepted = await cancel(http, first)
         assert accepted.status_code == 202, accepted.text
         assert accepted.json() == {"id": first, "cancelRequested": True, "status": "running"}
-        done = await wait_status(http, first, TERMINAL, timeout=10)
+        done = await wait_for_status(http, first, TERMINAL, timeout=10)
         assert done["status"] == "cancelled"
         assert time.monotonic() - started < 2.0
         assert done["cancelRequested"] is True
@@ -71,10 +65,7 @@ async def test_cancel_mid_tool_aborts_the_sleep(
 
         # Cancelling again: the session is terminal.
         again = await cancel(http, first)
-        assert again.status_code == 409
-        assert again.headers["content-type"].startswith(PROBLEM)
-        problem = again.json()
-        assert problem["code"] == "SESSION_ALREADY_TERMINAL"
+        problem = assert_problem(again, 409, "SESSION_ALREADY_TERMINAL")
         assert problem["sessionStatus"] == "cancelled"
 
         for sid in (first, second):
@@ -106,12 +97,12 @@ async def test_cancel_mid_stream_keeps_the_partial_answer_as_aborted(
     text = "abcdefghij" * 5
     await ready(start_worker())
     async with client(api.url, key) as http:
-        sid = await create(http, script=[{"text": text, "chunks": 50, "delayMs": 10000}])
+        sid = await new_session(http, script=[{"text": text, "chunks": 50, "delayMs": 10000}])
         await wait_event(http, sid, lambda e: e["type"] == "session_start")
         await asyncio.sleep(0.7)
         started = time.monotonic()
         assert (await cancel(http, sid)).status_code == 202
-        done = await wait_status(http, sid, TERMINAL, timeout=10)
+        done = await wait_for_status(http, sid, TERMINAL, timeout=10)
         assert done["status"] == "cancelled"
         assert time.monotonic() - started < 2.0
         events = await transcript(http, sid)
@@ -132,8 +123,8 @@ async def test_cancel_before_any_claim_wins(
 ) -> None:
     async with client(api.url, key) as http:
         # No worker is running: these stay queued until cancelled.
-        plain = await create(http, "cancel me")
-        waited = await create(http, "cancel me and wait")
+        plain = await new_session(http, "cancel me")
+        waited = await new_session(http, "cancel me and wait")
         accepted = await cancel(http, plain)
         assert accepted.status_code == 202
         assert accepted.json() == {"id": plain, "cancelRequested": True, "status": "cancelled"}
@@ -144,8 +135,8 @@ async def test_cancel_before_any_claim_wins(
 
         await ready(start_worker())
         # The worker is claiming: an ordinary session runs to the end ...
-        control = await create(http, "control")
-        assert (await wait_status(http, control, TERMINAL))["status"] == "succeeded"
+        control = await new_session(http, "control")
+        assert (await wait_for_status(http, control, TERMINAL))["status"] == "succeeded"
         await asyncio.sleep(0.5)
         # ... but the cancelled ones were never run.
         for sid in (plain, waited):
@@ -158,11 +149,11 @@ async def test_cancel_before_any_claim_wins(
             assert events[1]["data"]["status"] == "cancelled"
 
         # A waiting session is settled by the API too, without its worker.
-        asking = await create(
+        asking = await new_session(
             http,
             script=[{"toolCalls": [{"name": "ask_user", "arguments": {"question": "?"}}]}],
         )
-        assert (await wait_status(http, asking, {"waiting", *TERMINAL}))["status"] == "waiting"
+        assert (await wait_for_status(http, asking, {"waiting", *TERMINAL}))["status"] == "waiting"
         settled = await cancel(http, asking)
         assert settled.status_code == 202
         assert settled.json()["status"] == "cancelled"
@@ -190,7 +181,9 @@ async def test_cancel_racing_completion_never_both(
 
         async def race(index: int) -> tuple[str, httpx.Response]:
             delay_ms = rng.randint(50, 150)
-            sid = await create(http, f"race {index}", script=[{"text": "ok", "delayMs": delay_ms}])
+            sid = await new_session(
+                http, f"race {index}", script=[{"text": "ok", "delayMs": delay_ms}]
+            )
             # A third right after creation (mostly before any claim), a third somewhere in the
             # run, a third around its very end (the final answer is logged, the run not closed).
             if index % 3 == 1:
@@ -204,16 +197,14 @@ async def test_cancel_racing_completion_never_both(
         outcomes = await asyncio.gather(*(race(i) for i in range(count)))
         tally: dict[tuple[int, str], int] = {}
         for sid, response in outcomes:
-            session = await wait_status(http, sid, TERMINAL)
+            session = await wait_for_status(http, sid, TERMINAL)
             events = await transcript(http, sid)
             ends = [e["data"]["status"] for e in of_type(events, "session_end")]
             if response.status_code == 202:
                 assert session["status"] == "cancelled", (sid, events)
                 assert ends == ["cancelled"], (sid, ends)
             else:
-                assert response.status_code == 409, response.text
-                problem = response.json()
-                assert problem["code"] == "SESSION_ALREADY_TERMINAL"
+                problem = assert_problem(response, 409, "SESSION_ALREADY_TERMINAL")
                 assert problem["sessionStatus"] == "succeeded"
                 assert session["status"] == "succeeded"
                 assert ends == ["succeeded"]
@@ -232,7 +223,7 @@ async def test_cancel_while_the_holder_is_frozen(
     frozen = start_worker(short)
     await ready(frozen)
     async with client(api.url, key) as http:
-        sid = await create(http, script=SLEEP_30)
+        sid = await new_session(http, script=SLEEP_30)
         await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")
         frozen.signal(signal.SIGSTOP)
         try:
@@ -242,7 +233,7 @@ async def test_cancel_while_the_holder_is_frozen(
             await asyncio.sleep(0.5)
             assert (await http.get(f"/api/agent/{sid}")).json()["status"] == "running"
             start_worker(short)
-            done = await wait_status(http, sid, TERMINAL, timeout=20)
+            done = await wait_for_status(http, sid, TERMINAL, timeout=20)
         finally:
             frozen.signal(signal.SIGCONT)
         assert done["status"] == "cancelled"

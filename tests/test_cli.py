@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
 
 from app.db import migrate
-from tests.support import REPO, ServerProcess, client, free_port, server_url, with_database
+from tests import support
+from tests.support import REPO, ServerProcess, client, free_port
 
 
 @dataclass
@@ -154,17 +154,8 @@ async def test_keys_commands_reject_bad_arguments(database_url: str) -> None:
 @pytest.fixture
 def empty_database() -> Iterator[str]:
     """A database with no schema at all."""
-    admin_url = server_url()
-    name = f"ferryman_cli_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield with_database(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    with support.empty_database("ferryman_cli") as url:
+        yield url
 
 
 async def test_migrate_is_idempotent(empty_database: str) -> None:

@@ -11,24 +11,14 @@ from tests.support import (
     WorkerProcess,
     client,
     create_owner_key,
+    new_session,
+    transcript,
+    wait_event,
     wait_for_status,
 )
+from tests.tools import TOOLS_ENV
 
-TOOLS_ENV = {"FERRYMAN_TOOL_MODULES": "tests.tools:TOOLS", "FERRYMAN_LEASE_TTL": "10"}
-
-
-async def _transcript(http, session_id: str) -> list[dict]:  # type: ignore[no-untyped-def]
-    return (await http.get(f"/api/agent/{session_id}/transcript", params={"limit": 1000})).json()[
-        "events"
-    ]
-
-
-async def _wait_for_event(http, session_id: str, type_: str, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(timeout / 0.05)):
-        if any(e["type"] == type_ for e in await _transcript(http, session_id)):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no {type_} in {session_id}")
+ENV = {**TOOLS_ENV, "FERRYMAN_LEASE_TTL": "10"}
 
 
 async def test_interrupted_non_idempotent_call_is_not_rerun(
@@ -44,22 +34,20 @@ async def test_interrupted_non_idempotent_call_is_not_rerun(
         },
         {"text": "done"},
     ]
-    first = WorkerProcess(database_url, env=TOOLS_ENV, concurrency=1).start()
+    first = WorkerProcess(database_url, env=ENV, concurrency=1).start()
     second: WorkerProcess | None = None
     try:
         async with client(server.url, key) as http:
-            created = (
-                await http.post("/api/agent", json={"prompt": "pay", "script": script})
-            ).json()
-            await _wait_for_event(http, created["id"], "tool_call_start")
+            sid = await new_session(http, "pay", script=script)
+            await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")
             for _ in range(100):  # the side effect lands before the tool lingers
                 if path.exists() and path.read_text():
                     break
                 await asyncio.sleep(0.05)
             first.signal(signal.SIGKILL)
-            second = WorkerProcess(database_url, env=TOOLS_ENV, concurrency=1).start()
-            await wait_for_status(http, created["id"], {"succeeded", "failed"}, timeout=30)
-            events = await _transcript(http, created["id"])
+            second = WorkerProcess(database_url, env=ENV, concurrency=1).start()
+            await wait_for_status(http, sid, {"succeeded", "failed"}, timeout=30)
+            events = await transcript(http, sid)
     finally:
         first.stop(signal.SIGKILL)
         if second:
@@ -81,12 +69,12 @@ async def test_tool_raising_becomes_an_error_result(
         {"toolCalls": [{"name": "explode", "arguments": {"message": "kaboom"}}]},
         {"text": "recovered"},
     ]
-    worker = WorkerProcess(database_url, env=TOOLS_ENV, concurrency=1).start()
+    worker = WorkerProcess(database_url, env=ENV, concurrency=1).start()
     try:
         async with client(server.url, key) as http:
-            created = (await http.post("/api/agent", json={"prompt": "x", "script": script})).json()
-            await wait_for_status(http, created["id"], {"succeeded", "failed"}, timeout=30)
-            events = await _transcript(http, created["id"])
+            sid = await new_session(http, "x", script=script)
+            await wait_for_status(http, sid, {"succeeded", "failed"}, timeout=30)
+            events = await transcript(http, sid)
     finally:
         worker.stop()
     result = next(e["data"] for e in events if e["type"] == "tool_result")

@@ -12,24 +12,14 @@ import psycopg
 import pytest
 from httpx_sse import ServerSentEvent
 
-from tests.support import ServerProcess, client, create_owner_key, sse
-
-PROBLEM = "application/problem+json"
-
-
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith(PROBLEM)
-    body: dict[str, Any] = response.json()
-    assert body["code"] == code
-    return body
-
-
-async def create(http: httpx.AsyncClient, prompt: str = "hello") -> dict[str, Any]:
-    response = await http.post("/api/agent", json={"prompt": prompt})
-    assert response.status_code == 201, response.text
-    session: dict[str, Any] = response.json()
-    return session
+from tests.support import (
+    ServerProcess,
+    assert_problem,
+    client,
+    create_owner_key,
+    create_session,
+    sse,
+)
 
 
 def foreign_requests(http: httpx.AsyncClient, sid: str) -> dict[str, Any]:
@@ -55,7 +45,7 @@ async def test_foreign_session_is_404_on_every_endpoint(
     _, key_a = owner_key
     _, key_b = create_owner_key(database_url)
     async with client(server.url, key_a) as a, client(server.url, key_b) as b:
-        mine = await create(a, "A's secret")
+        mine = await create_session(a, "A's secret")
         before = (await a.get(f"/api/agent/{mine['id']}")).json()
         nobody = str(uuid.uuid4())
 
@@ -89,7 +79,7 @@ async def test_local_owner_sees_none_of_a_keyed_owners_sessions(
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as a, client(server.url) as local:
-        mine = await create(a)
+        mine = await create_session(a)
         listed = (await local.get("/api/agent", params={"limit": 200})).json()["sessions"]
         assert mine["id"] not in {s["id"] for s in listed}
         assert all(s["ownerId"] == "local" for s in listed)
@@ -98,7 +88,7 @@ async def test_local_owner_sees_none_of_a_keyed_owners_sessions(
             assert response.status_code == 404, (name, response.text)
 
         # And the other way round: a local session is invisible to a keyed owner.
-        theirs = await create(local, "local's")
+        theirs = await create_session(local, "local's")
         assert theirs["ownerId"] == "local"
         assert_problem(await a.get(f"/api/agent/{theirs['id']}"), 404, "SESSION_NOT_FOUND")
         assert theirs["id"] not in {s["id"] for s in (await a.get("/api/agent")).json()["sessions"]}
@@ -138,7 +128,7 @@ async def test_owner_stream_carries_only_the_owners_events(
         # A is busy while B (and local) listen.
         a_ids = []
         for i in range(3):
-            session = await create(a, f"a{i}")
+            session = await create_session(a, f"a{i}")
             a_ids.append(session["id"])
             await a.patch(f"/api/agent/{session['id']}", json={"title": f"A title {i}"})
             await a.post(f"/api/agent/{session['id']}/cancel")
@@ -146,8 +136,8 @@ async def test_owner_stream_carries_only_the_owners_events(
         await a.delete(f"/api/agent/{a_ids[0]}")
 
         # Then B and local each do one thing; their streams must show only that.
-        b_session = await create(b, "b")
-        local_session = await create(local, "local")
+        b_session = await create_session(b, "b")
+        local_session = await create_session(local, "local")
 
         b_seen: list[ServerSentEvent] = []
         await _until(b_events, lambda e: e.json()["sessionId"] == b_session["id"], b_seen)
@@ -212,7 +202,7 @@ async def test_keys_mode_rejects_bad_keys(keys_server: ServerProcess, database_u
     owner, key = create_owner_key(database_url)
     async with client(keys_server.url, key) as good:
         assert (await good.get("/api/agent")).status_code == 200
-        session = await create(good)
+        session = await create_session(good)
         assert session["ownerId"] == owner
 
     bad_headers = [
@@ -235,7 +225,7 @@ async def test_keys_mode_rejects_bad_keys(keys_server: ServerProcess, database_u
 async def test_revoked_key_is_refused(keys_server: ServerProcess, database_url: str) -> None:
     owner, key = create_owner_key(database_url)
     async with client(keys_server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
         revoke(database_url, owner)
         assert_problem(await http.get("/api/agent"), 401, "INVALID_API_KEY")
         assert_problem(await http.get(f"/api/agent/{session['id']}"), 401, "INVALID_API_KEY")
@@ -247,7 +237,7 @@ async def test_revoked_key_is_refused(keys_server: ServerProcess, database_url: 
 async def test_sse_accepts_access_token(keys_server: ServerProcess, database_url: str) -> None:
     owner, key = create_owner_key(database_url)
     async with client(keys_server.url, key) as http:
-        session = await create(http)
+        session = await create_session(http)
     async with client(keys_server.url) as browser:
         async with sse(
             browser, f"/api/agent/{session['id']}/events", follow="false", access_token=key

@@ -11,26 +11,20 @@ import signal
 import time
 from typing import Any
 
-from tests import test_runner as runner
-from tests.support import ServerProcess, client
-from tests.test_runner import (
+from tests.support import (
     TERMINAL,
+    ServerProcess,
     StartWorker,
     assert_contiguous,
-    create,
+    client,
+    new_session,
     of_type,
     query,
     ready,
     transcript,
     wait_event,
-    wait_status,
+    wait_for_status,
 )
-
-# The module's own database, API server, owners and workers (see tests/test_runner.py).
-isolated_db = runner.isolated_db
-api = runner.api
-key = runner.key
-start_worker = runner.start_worker
 
 SLEEP_THEN_NOTE = [
     {"text": "sleeping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 3}}]},
@@ -64,7 +58,7 @@ async def test_lease_stolen_from_a_paused_worker_fences_it_out(
     worker_a = start_worker(short)
     await ready(worker_a)
     async with client(api.url, key) as http:
-        sid = await create(http, script=SLEEP_THEN_NOTE)
+        sid = await new_session(http, script=SLEEP_THEN_NOTE)
         first_call = await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")
         assert attempt_of(first_call) == 1
         await asyncio.sleep(0.3)
@@ -77,7 +71,7 @@ async def test_lease_stolen_from_a_paused_worker_fences_it_out(
         finally:
             worker_a.signal(signal.SIGCONT)
         # A wakes up long past its sleep: it tries to write the tool result, heartbeat, go on.
-        done = await wait_status(http, sid, TERMINAL, timeout=30)
+        done = await wait_for_status(http, sid, TERMINAL, timeout=30)
         assert done["status"] == "succeeded", done
         assert done["attempt"] == 2
         await asyncio.sleep(1.0)  # give A every chance to write something late
@@ -118,8 +112,8 @@ async def test_lease_stolen_from_a_paused_worker_fences_it_out(
     worker_b.stop()
     assert worker_a.proc is not None and worker_a.proc.poll() is None, worker_a.logs()
     async with client(api.url, key) as http:
-        other = await create(http, "after the steal")
-        assert (await wait_status(http, other, TERMINAL))["status"] == "succeeded"
+        other = await new_session(http, "after the steal")
+        assert (await wait_for_status(http, other, TERMINAL))["status"] == "succeeded"
         started = of_type(await transcript(http, other), "session_start")[0]
         assert started["data"]["pid"] == worker_a.pid
 
@@ -132,7 +126,7 @@ async def test_sigterm_hands_the_session_over_at_once(
     worker_a = start_worker(long)
     await ready(worker_a)
     async with client(api.url, key) as http:
-        sid = await create(
+        sid = await new_session(
             http,
             script=[
                 {"toolCalls": [{"name": "sleep", "arguments": {"seconds": 30}}]},
@@ -183,7 +177,7 @@ async def test_crash_loop_fails_after_max_attempts_without_calling_the_model(
 ) -> None:
     env = {"FERRYMAN_MAX_ATTEMPTS": "2", "FERRYMAN_LEASE_TTL": "30"}
     async with client(api.url, key) as http:
-        sid = await create(
+        sid = await new_session(
             http,
             script=[
                 {"toolCalls": [{"name": "sleep", "arguments": {"seconds": 30}}]},
@@ -203,7 +197,7 @@ async def test_crash_loop_fails_after_max_attempts_without_calling_the_model(
             assert worker.proc is not None
             worker.proc.wait(10)
         await ready(start_worker(env))
-        failed = await wait_status(http, sid, TERMINAL)
+        failed = await wait_for_status(http, sid, TERMINAL)
         assert failed["status"] == "failed"
         assert failed["attempt"] == 3
         assert failed["error"]["code"] == "MAX_ATTEMPTS_EXCEEDED"
@@ -232,11 +226,11 @@ async def test_claim_over_the_cap_settles_failed(
     api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
 ) -> None:
     async with client(api.url, key) as http:
-        sid = await create(http, "never answered")
+        sid = await new_session(http, "never answered")
         # As if two claims had come and gone without finishing.
         await query(isolated_db, "UPDATE sessions SET attempt = 2 WHERE id = %s", (sid,))
         start_worker({"FERRYMAN_MAX_ATTEMPTS": "2"})
-        failed = await wait_status(http, sid, TERMINAL)
+        failed = await wait_for_status(http, sid, TERMINAL)
         assert failed["status"] == "failed"
         assert failed["error"]["code"] == "MAX_ATTEMPTS_EXCEEDED"
         events = await transcript(http, sid)
@@ -255,13 +249,13 @@ async def test_follow_ups_do_not_count_against_max_attempts(
         for i in range(rounds)
     ]
     async with client(api.url, key) as http:
-        sid = await create(http, script=[*script, {"text": "all answered"}])
+        sid = await new_session(http, script=[*script, {"text": "all answered"}])
         for i in range(rounds):
-            waiting = await wait_status(http, sid, {"waiting", *TERMINAL})
+            waiting = await wait_for_status(http, sid, {"waiting", *TERMINAL})
             assert waiting["status"] == "waiting", waiting
             reply = await http.post(f"/api/agent/{sid}/messages", json={"text": f"a{i}"})
             assert reply.status_code == 202
-        done = await wait_status(http, sid, TERMINAL)
+        done = await wait_for_status(http, sid, TERMINAL)
         assert done["status"] == "succeeded", done
         assert done["attempt"] == rounds + 1
         events = await transcript(http, sid)

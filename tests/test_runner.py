@@ -1,196 +1,40 @@
 """The runner end to end: real `ferryman worker` processes against a real PostgreSQL.
 
-Every module that starts workers gets a database of its own (`isolated_db`): workers claim any
-queued session in their database, so sharing the session-wide one would let them run other
-tests' sessions (and other tests' workers run ours). `test_cancel` and `test_leases` import the
-helpers below.
+The module runs its workers on a database of its own (`isolated_db`, see tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
-from psycopg import sql as pgsql
-from psycopg.rows import dict_row
 
 from app.agent.tools import Tool, ToolContext, ToolRegistry
 from app.agent.tools.builtin import BUILTIN_TOOLS
-from app.db import migrate
-from tests.support import REPO, ServerProcess, WorkerProcess, client, create_owner_key
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
-# Fast claims and heartbeats for every test worker unless a test says otherwise.
-WORKER_ENV = {"FERRYMAN_CLAIM_INTERVAL": "0.2", "FERRYMAN_HEARTBEAT_INTERVAL": "0.5"}
-StartWorker = Callable[..., WorkerProcess]
-
-
-# --- helpers shared with test_cancel.py and test_leases.py ----------------------------------
-
-
-@pytest.fixture(scope="module")
-def isolated_db(database_url: str) -> Iterator[str]:
-    """A fresh, migrated database on the test server, for this module's workers alone."""
-    name = f"ferryman_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(database_url)
-    info["dbname"] = name
-    url = psycopg.conninfo.make_conninfo(**info)
-    migrate.upgrade(url)
-    yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
-        )
-
-
-@pytest.fixture(scope="module")
-def api(isolated_db: str) -> Iterator[ServerProcess]:
-    """An API server (no worker) on the module's database."""
-    proc = ServerProcess(isolated_db, env={"FERRYMAN_POLL_INTERVAL": "1"}).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def key(isolated_db: str) -> str:
-    """A fresh owner's API key on the module's database."""
-    return create_owner_key(isolated_db)[1]
-
-
-@pytest.fixture
-def start_worker(isolated_db: str) -> Iterator[StartWorker]:
-    """Start `ferryman worker` processes; all are stopped when the test ends, and sessions the
-    test left unfinished are closed so no later test's worker picks them up."""
-    started: list[WorkerProcess] = []
-
-    def start(env: dict[str, str] | None = None, concurrency: int = 4) -> WorkerProcess:
-        worker = WorkerProcess(
-            isolated_db, env={**WORKER_ENV, **(env or {})}, concurrency=concurrency
-        )
-        started.append(worker.start())
-        return worker
-
-    yield start
-    stop_all(started)
-    with psycopg.connect(isolated_db, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE sessions SET status = 'cancelled', lease_worker_id = NULL, lease_pid = NULL,"
-            " lease_expires_at = NULL WHERE status NOT IN ('succeeded', 'failed', 'cancelled')"
-        )
-
-
-def stop_all(workers: list[WorkerProcess]) -> None:
-    """SIGTERM every live worker (resuming stopped ones first), then wait for all of them."""
-    live = [w for w in workers if w.proc is not None and w.proc.poll() is None]
-    for worker in live:
-        with contextlib.suppress(ProcessLookupError):
-            worker.signal(signal.SIGCONT)
-            worker.signal(signal.SIGTERM)
-    for worker in live:
-        worker.stop(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def shared_worker(isolated_db: str) -> Iterator[WorkerProcess]:
-    """One plain worker for the tests of this module that need nothing special of it."""
-    worker = WorkerProcess(isolated_db, env=WORKER_ENV, concurrency=4).start()
-    yield worker
-    stop_all([worker])
-
-
-async def live_workers(url: str) -> list[str]:
-    rows = await query(url, "SELECT id FROM workers WHERE stopped_at IS NULL")
-    return [r["id"] for r in rows]
-
-
-async def ready(*workers: WorkerProcess, timeout: float = 30.0) -> None:
-    """Wait until each worker has registered and entered its claim loop."""
-    deadline = time.monotonic() + timeout
-    for worker in workers:
-        while "started (concurrency" not in worker.logs():
-            assert worker.proc is not None
-            if worker.proc.poll() is not None:
-                raise AssertionError(f"worker exited early:\n{worker.logs()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker not ready in {timeout}s:\n{worker.logs()}")
-            await asyncio.sleep(0.05)
-
-
-async def query(url: str, statement: str, params: Any = ()) -> list[dict[str, Any]]:
-    async with await psycopg.AsyncConnection.connect(
-        url, autocommit=True, row_factory=dict_row
-    ) as conn:
-        cur = await conn.execute(statement, params)
-        return await cur.fetchall() if cur.description else []
-
-
-async def create(http: httpx.AsyncClient, prompt: str = "p", **body: Any) -> str:
-    response = await http.post("/api/agent", json={"prompt": prompt, **body})
-    assert response.status_code == 201, response.text
-    session_id: str = response.json()["id"]
-    return session_id
-
-
-async def transcript(http: httpx.AsyncClient, session_id: str) -> list[dict[str, Any]]:
-    response = await http.get(f"/api/agent/{session_id}/transcript", params={"limit": 1000})
-    assert response.status_code == 200, response.text
-    events: list[dict[str, Any]] = response.json()["events"]
-    return events
-
-
-async def wait_event(
-    http: httpx.AsyncClient,
-    session_id: str,
-    match: Callable[[dict[str, Any]], bool],
-    timeout: float = 20.0,
-) -> dict[str, Any]:
-    """Poll the transcript until an event matches; that event."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for event in await transcript(http, session_id):
-            if match(event):
-                return event
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no matching event in {session_id} after {timeout}s")
-        await asyncio.sleep(0.05)
-
-
-async def wait_status(
-    http: httpx.AsyncClient, session_id: str, statuses: set[str], timeout: float = 20.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        body: dict[str, Any] = (await http.get(f"/api/agent/{session_id}")).json()
-        if body["status"] in statuses:
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{session_id} still {body['status']} after {timeout}s: {body}")
-        await asyncio.sleep(0.05)
-
-
-def of_type(events: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["type"] == type_]
-
-
-def assert_contiguous(events: list[dict[str, Any]]) -> None:
-    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-
+from tests.support import (
+    TERMINAL,
+    ServerProcess,
+    StartWorker,
+    WorkerProcess,
+    assert_contiguous,
+    client,
+    live_workers,
+    new_session,
+    of_type,
+    query,
+    ready,
+    transcript,
+    wait_event,
+    wait_for_status,
+)
+from tests.tools import TOOLS_ENV
 
 # --- many sessions, several workers ---------------------------------------------------------
 
@@ -217,7 +61,7 @@ async def test_many_sessions_three_workers_each_run_once(
                 {"text": f"done {index}"},
             ]
             async with gate:
-                return await create(http, f"prompt {index}", script=script)
+                return await new_session(http, f"prompt {index}", script=script)
 
         session_ids = await asyncio.gather(*(one(i) for i in range(SESSIONS)))
         deadline = time.monotonic() + 60
@@ -308,125 +152,55 @@ async def test_many_sessions_three_workers_each_run_once(
 # --- tools ------------------------------------------------------------------------------
 
 
-# A worker with extra tools registered, as a `ferryman.tools` plug-in would add them.
-CUSTOM_WORKER = """
-import asyncio, signal
-from app.agent.tools import Tool, ToolError, ToolRegistry
-from app.config import get_settings
-from app.db import bootstrap
-from app.logs import configure
-from app.runtime.worker import Worker
-from app.services import Services
-
-SECONDS = {"type": "object", "properties": {"seconds": {"type": "number"}},
-           "required": ["seconds"]}
-
-async def slow(arguments, context):
-    await asyncio.sleep(float(arguments["seconds"]))
-    return "slow finished"
-
-async def boom(arguments, context):
-    raise RuntimeError("kaboom")
-
-async def refuse(arguments, context):
-    raise ToolError("not today")
-
-registry = ToolRegistry.default()
-registry.register(Tool("slow", "Default timeout.", SECONDS, slow))
-registry.register(Tool("quick", "Its own 0.3 s timeout.", SECONDS, slow, timeout=0.3))
-registry.register(Tool("boom", "Raises.", {"type": "object"}, boom))
-registry.register(Tool("refuse", "Raises ToolError.", {"type": "object"}, refuse))
-settings = get_settings()
-configure(settings.log_level, settings.log_format)
-url = bootstrap.prepare(settings)
-
-async def main():
-    services = Services.create(settings, url)
-    await services.start()
-    worker = Worker(settings, services.db, services.bus, registry=registry)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
-    try:
-        await worker.run()
-    finally:
-        await services.stop()
-
-asyncio.run(main())
-"""
-
-
-class CustomToolWorker(WorkerProcess):
-    def start(self) -> CustomToolWorker:
-        env = {**os.environ, "DATABASE_URL": self.database_url, **self.env}
-        env["FERRYMAN_LOG_FORMAT"] = "json"
-        self.log_path = f"/tmp/ferryman-test-worker-{uuid.uuid4().hex[:8]}.log"
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", CUSTOM_WORKER],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        return self
-
-
 async def test_tool_timeouts_and_raising_tools(
-    api: ServerProcess, isolated_db: str, key: str
+    api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
 ) -> None:
     # Runs before `shared_worker` exists: a plain worker would not know these tools.
     assert await live_workers(isolated_db) == []
-    worker = CustomToolWorker(
-        isolated_db, env={**WORKER_ENV, "FERRYMAN_TOOL_TIMEOUT": "0.5"}
-    ).start()
-    try:
-        await ready(worker)
-        async with client(api.url, key) as http:
-            script = [
-                {
-                    "text": "tools",
-                    "toolCalls": [
-                        {"name": "slow", "arguments": {"seconds": 5}},
-                        {"name": "quick", "arguments": {"seconds": 2}},
-                        {"name": "slow", "arguments": {"seconds": 0.05}},
-                        {"name": "sleep", "arguments": {"seconds": 0.7}},
-                        {"name": "boom", "arguments": {}},
-                        {"name": "refuse", "arguments": {}},
-                    ],
-                },
-                {"text": "went on"},
-            ]
-            sid = await create(http, script=script)
-            assert (await wait_status(http, sid, TERMINAL))["status"] == "succeeded"
-            events = await transcript(http, sid)
-        results = [r["data"] for r in of_type(events, "tool_result")]
-        slow_timeout, quick_timeout, slow_ok, sleep_ok, boom, refuse = results
-        # FERRYMAN_TOOL_TIMEOUT is the budget of tools that declare none.
-        assert slow_timeout["isError"] is True and slow_timeout["timedOut"] is True
-        assert "0.5 s" in slow_timeout["content"]
-        # A tool's own timeout overrides the default, shorter ...
-        assert quick_timeout["isError"] is True and quick_timeout["timedOut"] is True
-        assert "0.3 s" in quick_timeout["content"]
-        assert slow_ok == {**slow_ok, "isError": False, "content": "slow finished"}
-        assert "timedOut" not in slow_ok
-        # ... or longer: `sleep` declares its own (up to an hour), so 0.7 s runs to the end.
-        assert sleep_ok["isError"] is False and "timedOut" not in sleep_ok
-        assert boom["isError"] is True and "kaboom" in boom["content"]
-        assert "timedOut" not in boom and "interrupted" not in boom
-        assert refuse["isError"] is True and "not today" in refuse["content"]
-        assert of_type(events, "assistant_message")[-1]["data"]["text"] == "went on"
-        # The 5 s call was given up after its budget, not waited for.
-        start, end = (
-            datetime.fromisoformat(e["ts"])
-            for e in events
-            if e["type"] in ("tool_call_start", "tool_result")
-            and e["data"]["toolCallId"] == slow_timeout["toolCallId"]
-        )
-        assert (end - start).total_seconds() < 3.0
-        assert of_type(events, "session_end")[-1]["data"]["status"] == "succeeded"
-    finally:
-        worker.stop(timeout=10)
+    await ready(start_worker({**TOOLS_ENV, "FERRYMAN_TOOL_TIMEOUT": "0.5"}))
+    async with client(api.url, key) as http:
+        script = [
+            {
+                "text": "tools",
+                "toolCalls": [
+                    {"name": "slow", "arguments": {"seconds": 5}},
+                    {"name": "quick", "arguments": {"seconds": 2}},
+                    {"name": "slow", "arguments": {"seconds": 0.05}},
+                    {"name": "sleep", "arguments": {"seconds": 0.7}},
+                    {"name": "explode", "arguments": {"message": "kaboom"}},
+                    {"name": "refuse", "arguments": {}},
+                ],
+            },
+            {"text": "went on"},
+        ]
+        sid = await new_session(http, script=script)
+        assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
+        events = await transcript(http, sid)
+    results = [r["data"] for r in of_type(events, "tool_result")]
+    slow_timeout, quick_timeout, slow_ok, sleep_ok, boom, refuse = results
+    # FERRYMAN_TOOL_TIMEOUT is the budget of tools that declare none.
+    assert slow_timeout["isError"] is True and slow_timeout["timedOut"] is True
+    assert "0.5 s" in slow_timeout["content"]
+    # A tool's own timeout overrides the default, shorter ...
+    assert quick_timeout["isError"] is True and quick_timeout["timedOut"] is True
+    assert "0.3 s" in quick_timeout["content"]
+    assert slow_ok == {**slow_ok, "isError": False, "content": "slow finished"}
+    assert "timedOut" not in slow_ok
+    # ... or longer: `sleep` declares its own (up to an hour), so 0.7 s runs to the end.
+    assert sleep_ok["isError"] is False and "timedOut" not in sleep_ok
+    assert boom["isError"] is True and "kaboom" in boom["content"]
+    assert "timedOut" not in boom and "interrupted" not in boom
+    assert refuse["isError"] is True and "not today" in refuse["content"]
+    assert of_type(events, "assistant_message")[-1]["data"]["text"] == "went on"
+    # The 5 s call was given up after its budget, not waited for.
+    start, end = (
+        datetime.fromisoformat(e["ts"])
+        for e in events
+        if e["type"] in ("tool_call_start", "tool_result")
+        and e["data"]["toolCallId"] == slow_timeout["toolCallId"]
+    )
+    assert (end - start).total_seconds() < 3.0
+    assert of_type(events, "session_end")[-1]["data"]["status"] == "succeeded"
 
 
 async def test_unknown_tool_and_invalid_arguments_are_error_results(
@@ -447,9 +221,9 @@ async def test_unknown_tool_and_invalid_arguments_are_error_results(
             },
             {"text": "carried on"},
         ]
-        sid = await create(http, script=script)
+        sid = await new_session(http, script=script)
         # A tool the session did not enable is unknown to it.
-        restricted = await create(
+        restricted = await new_session(
             http,
             script=[
                 {"toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]},
@@ -457,8 +231,8 @@ async def test_unknown_tool_and_invalid_arguments_are_error_results(
             ],
             tools=["get_note"],
         )
-        assert (await wait_status(http, sid, TERMINAL))["status"] == "succeeded"
-        assert (await wait_status(http, restricted, TERMINAL))["status"] == "succeeded"
+        assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
+        assert (await wait_for_status(http, restricted, TERMINAL))["status"] == "succeeded"
         events = await transcript(http, sid)
         results = of_type(events, "tool_result")
         assert [r["data"]["name"] for r in results] == [
@@ -501,14 +275,14 @@ async def test_ask_user_waits_and_a_reply_continues(
     await ready(shared_worker)
     async with client(api.url, key) as http:
         question = {"question": "Red or blue?", "options": ["red", "blue"]}
-        sid = await create(
+        sid = await new_session(
             http,
             script=[
                 {"text": "let me ask", "toolCalls": [{"name": "ask_user", "arguments": question}]},
                 {"text": "thanks for answering"},
             ],
         )
-        waiting = await wait_status(http, sid, {"waiting", *TERMINAL})
+        waiting = await wait_for_status(http, sid, {"waiting", *TERMINAL})
         assert waiting["status"] == "waiting"
         assert waiting["lease"] is None
         events = await transcript(http, sid)
@@ -520,7 +294,7 @@ async def test_ask_user_waits_and_a_reply_continues(
         reply = await http.post(f"/api/agent/{sid}/messages", json={"text": "blue"})
         assert reply.status_code == 202, reply.text
         assert reply.json()["message"]["delivery"] == "queued"
-        done = await wait_status(http, sid, TERMINAL)
+        done = await wait_for_status(http, sid, TERMINAL)
         assert done["status"] == "succeeded"
         assert done["attempt"] == 2
         events = await transcript(http, sid)
@@ -546,14 +320,14 @@ async def test_output_limit_waits_and_a_reply_continues(
 ) -> None:
     await ready(shared_worker)
     async with client(api.url, key) as http:
-        sid = await create(
+        sid = await new_session(
             http,
             script=[
                 {"text": "a long answer that got cut", "stopReason": "length"},
                 {"text": "rest"},
             ],
         )
-        waiting = await wait_status(http, sid, {"waiting", *TERMINAL})
+        waiting = await wait_for_status(http, sid, {"waiting", *TERMINAL})
         assert waiting["status"] == "waiting"
         events = await transcript(http, sid)
         assert of_type(events, "assistant_message")[0]["data"]["stopReason"] == "length"
@@ -562,7 +336,7 @@ async def test_output_limit_waits_and_a_reply_continues(
 
         reply = await http.post(f"/api/agent/{sid}/messages", json={"text": "go on"})
         assert reply.json()["message"]["delivery"] == "queued"
-        assert (await wait_status(http, sid, TERMINAL))["status"] == "succeeded"
+        assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
         events = await transcript(http, sid)
         assert [a["data"]["text"] for a in of_type(events, "assistant_message")] == [
             "a long answer that got cut",
@@ -577,7 +351,7 @@ async def test_steering_a_running_session(
     await ready(shared_worker)
     async with client(api.url, key) as http:
         # The script runs out after the sleep: the next turn echoes the last user message.
-        sid = await create(
+        sid = await new_session(
             http,
             "original prompt",
             script=[
@@ -588,7 +362,7 @@ async def test_steering_a_running_session(
         steer = await http.post(f"/api/agent/{sid}/messages", json={"text": "change of plan"})
         assert steer.status_code == 202
         assert steer.json()["message"]["delivery"] == "steer"
-        done = await wait_status(http, sid, TERMINAL)
+        done = await wait_for_status(http, sid, TERMINAL)
         assert done["status"] == "succeeded"
         # Delivered within the run: no second run was needed.
         assert done["attempt"] == 1
@@ -609,7 +383,7 @@ async def test_message_during_the_last_turn_requeues(
     session goes again for it."""
     await ready(start_worker())
     async with client(api.url, key) as http:
-        sid = await create(
+        sid = await new_session(
             http, script=[{"text": "slow final answer", "chunks": 4, "delayMs": 1200}]
         )
         await wait_event(http, sid, lambda e: e["type"] == "session_start")
@@ -641,8 +415,8 @@ async def test_default_echo_without_script(
 ) -> None:
     await ready(shared_worker)
     async with client(api.url, key) as http:
-        sid = await create(http, "hello there, worker")
-        done = await wait_status(http, sid, TERMINAL)
+        sid = await new_session(http, "hello there, worker")
+        done = await wait_for_status(http, sid, TERMINAL)
         assert done["status"] == "succeeded"
         assert done["error"] is None
         events = await transcript(http, sid)
@@ -690,10 +464,10 @@ async def test_message_deltas_stream_live_without_ids(
     async with client(api.url, key) as http:
         # The first turn asks; the answer to the follow-up streams while we watch live.
         ask = {"name": "ask_user", "arguments": {"question": "ready?"}}
-        sid = await create(
+        sid = await new_session(
             http, script=[{"toolCalls": [ask]}, {"text": text, "chunks": 8, "delayMs": 1600}]
         )
-        await wait_status(http, sid, {"waiting"})
+        await wait_for_status(http, sid, {"waiting"})
         frames: list[dict[str, str]] = []
         async with asyncio.timeout(30), http.stream("GET", f"/api/agent/{sid}/events") as response:
             assert response.status_code == 200

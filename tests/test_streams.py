@@ -37,7 +37,7 @@ from app.store.notify import owner_key as owner_feed_key
 from app.streams.feed import FeedHub, FeedSource
 from app.streams.frames import Event, owner_event
 from app.streams.sse import StreamOptions, event_stream
-from tests.support import ServerProcess, client
+from tests.support import PROBLEM, ServerProcess, client, create_session, running
 
 OWNER_EVENTS = "/api/agent/owner-events"
 ENVELOPE = {"id", "type", "sessionId", "ownerId", "ts", "phase", "data"}
@@ -279,13 +279,6 @@ async def owner_last_id(database_url: str, owner: str) -> int:
     return int(row["last_id"]) if row else 0
 
 
-async def create_session(http: httpx.AsyncClient, prompt: str = "hello") -> dict[str, Any]:
-    response = await http.post("/api/agent", json={"prompt": prompt})
-    assert response.status_code == 201, response.text
-    session: dict[str, Any] = response.json()
-    return session
-
-
 async def post_message(http: httpx.AsyncClient, session_id: str, text: str) -> int:
     response = await http.post(f"/api/agent/{session_id}/messages", json={"text": text})
     assert response.status_code == 202, response.text
@@ -295,15 +288,6 @@ async def post_message(http: httpx.AsyncClient, session_id: str, text: str) -> i
 async def rename(http: httpx.AsyncClient, session_id: str, title: str) -> None:
     response = await http.patch(f"/api/agent/{session_id}", json={"title": title})
     assert response.status_code == 200, response.text
-
-
-@contextlib.contextmanager
-def extra_server(database_url: str, **env: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, env=env).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -323,9 +307,8 @@ def _retire_sessions(owner_key: tuple[str, str], database_url: str) -> Iterator[
 def other_server(database_url: str) -> Iterator[ServerProcess]:
     """A second API process on the same database. Its fallback poll is 30 s and its pings come
     every 0.5 s: anything it delivers within a second came through LISTEN/NOTIFY."""
-    with extra_server(
-        database_url, FERRYMAN_POLL_INTERVAL="30", FERRYMAN_PING_INTERVAL="0.5"
-    ) as proc:
+    env = {"FERRYMAN_POLL_INTERVAL": "30", "FERRYMAN_PING_INTERVAL": "0.5"}
+    with running(ServerProcess(database_url, env=env)) as proc:
         yield proc
 
 
@@ -720,7 +703,7 @@ async def test_invalid_cursor_is_a_client_error(
             for kwargs in ({"params": {"lastEventId": bad}}, {"headers": header}):
                 response = await http.get(path, **kwargs)
                 assert response.status_code in (400, 422), (path, kwargs, response.text)
-                assert response.headers["content-type"].startswith("application/problem+json")
+                assert response.headers["content-type"].startswith(PROBLEM)
 
 
 # --- 5. the wire format ---------------------------------------------------------------------

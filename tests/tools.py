@@ -1,11 +1,14 @@
-"""Tools for tests, loaded by workers through FERRYMAN_TOOL_MODULES=tests.tools:TOOLS."""
+"""Tools for tests, loaded by workers through FERRYMAN_TOOL_MODULES=tests.tools:TOOLS (`TOOLS_ENV`),
+as a `ferryman.tools` plug-in would add them."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from app.agent.tools import Tool, ToolContext
+from app.agent.tools import Tool, ToolContext, ToolError
+
+TOOLS_ENV = {"FERRYMAN_TOOL_MODULES": "tests.tools:TOOLS"}
 
 
 def _append(path: str, line: str) -> None:
@@ -25,6 +28,17 @@ async def _record(arguments: dict[str, Any], context: ToolContext) -> str:
 async def _explode(arguments: dict[str, Any], context: ToolContext) -> str:
     raise RuntimeError(str(arguments.get("message", "boom")))
 
+
+async def _slow(arguments: dict[str, Any], context: ToolContext) -> str:
+    await asyncio.sleep(float(arguments["seconds"]))
+    return "slow finished"
+
+
+async def _refuse(arguments: dict[str, Any], context: ToolContext) -> str:
+    raise ToolError("not today")
+
+
+SECONDS = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
 
 TOOLS = [
     Tool(
@@ -49,4 +63,7 @@ TOOLS = [
         run=_explode,
         idempotent=True,
     ),
+    Tool("slow", "Sleep; the default timeout.", SECONDS, _slow),
+    Tool("quick", "Sleep; its own 0.3 s timeout.", SECONDS, _slow, timeout=0.3),
+    Tool("refuse", "Raise ToolError.", {"type": "object"}, _refuse),
 ]

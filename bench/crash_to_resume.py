@@ -34,8 +34,9 @@ import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from app.db import migrate  # noqa: E402
-from bench.chaos_soak import Cluster, Fleet, default_data_dir, worker_ready  # noqa: E402
+from bench.chaos_soak import Fleet, worker_ready  # noqa: E402
 from bench.stats import percentile  # noqa: E402
+from tests.cluster import Cluster, data_dir_for  # noqa: E402
 from tests.support import ServerProcess, create_owner_key, sse  # noqa: E402
 
 SCRIPT = [
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--database-url", default=None, help="a server to create a database on")
     parser.add_argument(
-        "--data-dir", type=Path, default=default_data_dir("ferryman-crash-to-resume")
+        "--data-dir", type=Path, default=data_dir_for("ferryman-crash-to-resume")
     )
     args = parser.parse_args()
     sys.exit(asyncio.run(main_async(args)))

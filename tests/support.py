@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from signal import SIGTERM  # ChildProcess.signal shadows the module in its class
 from typing import Any
 
@@ -27,31 +26,21 @@ from psycopg.rows import dict_row
 from app.db import migrate
 from app.db.embedded import start_embedded
 from app.store.keys import hash_key, new_key
+from tests.cluster import data_dir_for, with_database
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _scratch_data_dir() -> Path:
-    if os.geteuid() == 0:
-        return Path("/var/lib/ferryman-test")
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"ferryman-test-{os.getuid()}"
-
-
 def server_url() -> str:
     """A database URL with rights to create databases: $DATABASE_URL, or the embedded server."""
-    return os.environ.get("DATABASE_URL") or start_embedded(_scratch_data_dir())
-
-
-def with_database(url: str, name: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
+    return os.environ.get("DATABASE_URL") or start_embedded(data_dir_for("ferryman-test"))
 
 
 @contextlib.contextmanager
-def empty_database(prefix: str) -> Iterator[str]:
-    """A new database with no schema on the server under test, dropped afterwards."""
-    admin_url = server_url()
+def empty_database(prefix: str, admin_url: str | None = None) -> Iterator[str]:
+    """A new database with no schema on `admin_url`'s server (default: the server under
+    test), dropped afterwards."""
+    admin_url = admin_url or server_url()
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -65,9 +54,9 @@ def empty_database(prefix: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def fresh_database(prefix: str) -> Iterator[str]:
-    """A new, migrated database on the server under test, dropped afterwards."""
-    with empty_database(prefix) as url:
+def fresh_database(prefix: str, admin_url: str | None = None) -> Iterator[str]:
+    """A new, migrated database (see `empty_database`), dropped afterwards."""
+    with empty_database(prefix, admin_url) as url:
         migrate.upgrade(url)
         yield url
 

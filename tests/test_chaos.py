@@ -5,7 +5,8 @@ following the owner feed throughout, reconnecting with Last-Event-ID whenever it
 
 from __future__ import annotations
 
-from bench.chaos_soak import ChaosConfig, default_data_dir, run_chaos
+from bench.chaos_soak import ChaosConfig, run_chaos
+from tests.cluster import data_dir_for
 
 # The whole run, from the first session to the last check; setup adds a few seconds.
 BOUND_SECONDS = 90.0
@@ -22,7 +23,7 @@ async def test_chaos() -> None:
         db_down=2.0,
         lease_ttl=5.0,
         timeout=BOUND_SECONDS - 10,
-        data_dir=default_data_dir("ferryman-test-chaos"),
+        data_dir=data_dir_for("ferryman-test-chaos"),
         progress=True,
     )
     report = await run_chaos(config)

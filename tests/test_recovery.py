@@ -18,7 +18,6 @@ import os
 import random
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,14 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from tests.support import ServerProcess, WorkerProcess, client, create_owner_key, sse
+from tests.support import (
+    ServerProcess,
+    WorkerProcess,
+    client,
+    create_owner_key,
+    fresh_database,
+    sse,
+)
 
 # Dead-worker detection goes through the liveness lock, so a resume must come far sooner than
 # the lease TTL (what bounds a worker that is alive but cut off).
@@ -41,27 +47,11 @@ INTERRUPTED = {"isError": True, "interrupted": True, "content": "worker interrup
 # --- fixtures --------------------------------------------------------------------------------
 
 
-def _with_database(url: str, name: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
-
-
 @pytest.fixture(scope="module")
-def recovery_db(database_url: str) -> Iterator[str]:
+def recovery_db() -> Iterator[str]:
     """A database of this module's own: no other test's queued sessions reach our workers."""
-    from app.db import migrate
-
-    name = f"ferryman_recovery_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = _with_database(database_url, name)
-    migrate.upgrade(url)
-    yield url
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    with fresh_database("ferryman_recovery") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -62,3 +62,17 @@ async def test_owner_stream_survives_server_restart(database_url: str) -> None:
     assert [int(e.id or 0) for e in seen] == list(range(int(cursor) + 1, int(cursor) + 5))
     assert [e.type for e in seen] == ["session_created"] * 4
 
+
+async def test_control_frames_carry_no_id(
+    server: ServerProcess, owner_key: tuple[str, str]
+) -> None:
+    """`caught_up` after a backlog must not look durable (httpx-sse repeats the last id)."""
+    _, key = owner_key
+    async with FerrymanClient(server.url, api_key=key) as ferryman:
+        created = await ferryman.create_session("hello")
+        frames: list[StreamEvent] = []
+        async for event in ferryman.session_events(created["id"]):
+            frames.append(event)
+            if event.type == "caught_up":
+                break
+    assert [(e.type, e.id) for e in frames] == [("user_message", "1"), ("caught_up", None)]

@@ -167,7 +167,11 @@ class FerrymanClient:
                     async for sse in source.aiter_sse():
                         if not sse.data:
                             continue  # the `retry:` block
-                        event = StreamEvent(sse.event, sse.id or None, json.loads(sse.data))
+                        envelope = json.loads(sse.data)
+                        # Durable iff the frame has an `id:` naming its own envelope: like
+                        # EventSource, httpx-sse repeats the last id on control frames.
+                        durable = bool(sse.id) and envelope.get("id") == sse.id
+                        event = StreamEvent(sse.event, sse.id if durable else None, envelope)
                         if event.id is not None:
                             cursor = event.id
                         yield event

@@ -5,7 +5,9 @@ session costs.
     python -m bench.throughput --sessions 1000 --workers 2 --concurrency 16
 
 Sessions are created up front (workers stopped), then the workers start and the clock runs until
-every session is `succeeded`. Commits are counted from pg_stat_database (all commits on the
+every session is `succeeded`. Write commits are counted by transaction ids consumed (a
+transaction gets one only when it writes); all transactions, reads in autocommit included, come
+from pg_stat_database (all commits on the
 benchmark database while the workers run, heartbeats and claims included).
 """
 
@@ -76,6 +78,13 @@ async def create_sessions(url: str, count: int) -> None:
         await db.close()
 
 
+def write_xid(conn: psycopg.Connection[tuple[int]]) -> int:
+    """The next transaction id (taking one: the caller subtracts it)."""
+    row = conn.execute("SELECT txid_current()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def commits(conn: psycopg.Connection[tuple[int]]) -> int:
     row = conn.execute(
         "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
@@ -100,6 +109,7 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SELECT pg_stat_clear_snapshot()")
             before = commits(conn)  # type: ignore[arg-type]
+            xid_before = write_xid(conn)  # type: ignore[arg-type]
             started = time.monotonic()
             workers = [
                 WorkerProcess(url, concurrency=args.concurrency).start()
@@ -122,18 +132,22 @@ def main() -> None:
             time.sleep(2)  # backends flush their commit counts to pg_stat at most every second
             conn.execute("SELECT pg_stat_clear_snapshot()")
             after = commits(conn)  # type: ignore[arg-type]
+            xid_after = write_xid(conn)  # type: ignore[arg-type]
     rate = args.sessions / elapsed
     per_session = (after - before) / args.sessions
+    writes_per_session = (xid_after - xid_before - 1) / args.sessions
     print()
     print(
         f"sessions/s:           {rate:.1f}  ({args.sessions} sessions, {args.workers} workers "
         f"x {args.concurrency}, {elapsed:.1f} s)"
     )
-    print(f"commits per session:  {per_session:.1f}")
-    print(f"commits/s (ferryman): {rate * per_session:.0f}")
+    print(f"write commits/session: {writes_per_session:.1f}  (transactions incl. reads: "
+          f"{per_session:.1f})")
+    print(f"commits/s (ferryman): {rate * writes_per_session:.0f} writes, "
+          f"{rate * per_session:.0f} in all")
     print(
-        f"commits/s (pgbench):  {ceiling:.0f}  (ceiling; ferryman reaches "
-        f"{rate * per_session / ceiling:.0%} of it)"
+        f"commits/s (pgbench):  {ceiling:.0f}  (write ceiling; ferryman's writes reach "
+        f"{rate * writes_per_session / ceiling:.0%} of it)"
     )
 
 

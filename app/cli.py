@@ -89,7 +89,15 @@ def serve(
         f"Ferryman on http://{settings.host}:{settings.port} (auth: {settings.auth_mode})",
         err=True,
     )
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully. Under the
+    # default SIGTERM action the process would die on the spot, skipping the atexit hook that
+    # stops the embedded PostgreSQL when its last user exits: exit normally instead.
+    signal.signal(signal.SIGTERM, _exit_normally)
     _Server(config).run()
+
+
+def _exit_normally(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 @cli.command("worker")

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
@@ -70,7 +71,6 @@ class Run:
     abort_event: asyncio.Event = field(default_factory=asyncio.Event)
     abort_reason: AbortReason | None = None
     conversation: list[Message] = field(default_factory=list)
-    seen_seq: int = 0
     # How far this run has read the log for follow-ups: its own writes must not move it, or a
     # message logged while a tool ran would be skipped (and marked delivered).
     read_seq: int = 0
@@ -116,7 +116,6 @@ class Run:
     async def append(self, type_: str, data: dict[str, Any]) -> int:
         async with self.ctx.db.transaction() as conn:
             event = await runs.append(conn, self.fence, self.session_id, type_, data)
-        self.seen_seq = max(self.seen_seq, int(event["seq"]))
         return int(event["seq"])
 
     async def finish(self, status: Status, **details: Any) -> None:
@@ -143,8 +142,7 @@ class Run:
     async def begin(self) -> ResumePlan:
         async with self.ctx.db.connection() as conn:
             rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
-        self.seen_seq = max((int(r["seq"]) for r in rows), default=0)
-        self.read_seq = self.seen_seq
+        self.read_seq = max((int(r["seq"]) for r in rows), default=0)
         history = undelivered_last(conversation_from_events(rows), self.row["delivered_seq"])
         plan = plan_resume(history)
         self.conversation = list(plan.conversation)
@@ -159,7 +157,7 @@ class Run:
                 "attempt": self.row["attempt"],
             }
             if not ran_before:
-                event = await runs.append(
+                await runs.append(
                     conn, self.fence, self.session_id, SessionEventType.SESSION_START, run_info
                 )
             else:
@@ -170,7 +168,7 @@ class Run:
                     "transcriptMessages": len(self.conversation),
                     "repairedToolCalls": plan.repaired_tool_calls,
                 }
-                event = await runs.append(
+                await runs.append(
                     conn, self.fence, self.session_id, SessionEventType.SESSION_RESUMED, resumed
                 )
                 await runs.announce(conn, self.row, OwnerEventType.SESSION_RESUMED, resumed)
@@ -186,7 +184,6 @@ class Run:
                         "stripped": plan.stripped,
                     },
                 )
-        self.seen_seq = max(self.seen_seq, int(event["seq"]))
         return plan
 
     async def loop(self) -> None:
@@ -199,11 +196,10 @@ class Run:
             delivered = self.read_seq
             reply = await self.call_model(ModelRequest(tuple(self.conversation), specs))
             async with self.ctx.db.transaction() as conn:
-                event = await runs.append(
+                await runs.append(
                     conn, self.fence, self.session_id, "assistant_message", reply.wire()
                 )
                 await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
-            self.seen_seq = max(self.seen_seq, int(event["seq"]))
             self.conversation.append(reply)
             if reply.tool_calls:
                 asked = False
@@ -270,7 +266,7 @@ class Run:
     async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         self.check()
         async with self.ctx.db.transaction() as conn:
-            event = await runs.append(
+            await runs.append(
                 conn,
                 self.fence,
                 self.session_id,
@@ -278,7 +274,6 @@ class Run:
                 {"toolCallId": call.id, "name": call.name, "arguments": call.arguments},
             )
             await runs.set_active_stage(conn, self.fence, self.row, f"tool:{call.name}")
-        self.seen_seq = max(self.seen_seq, int(event["seq"]))
         try:
             result = await self.run_tool(call, tool)
         except RunAborted as aborted:
@@ -443,7 +438,7 @@ class DeltaPublisher:
                 "type": "message_delta",
                 "sessionId": str(self.row["id"]),
                 "ownerId": self.row["owner_id"],
-                "ts": rfc3339_now(),
+                "ts": rfc3339(datetime.now(UTC)),
                 "data": {"text": text},
             },
             separators=(",", ":"),
@@ -453,9 +448,3 @@ class DeltaPublisher:
                 await publish_ephemeral(conn, session_key(self.row["id"]), body)
         except Exception as exc:  # deltas are best effort; the durable message follows
             log.debug("delta not sent: %s", exc)
-
-
-def rfc3339_now() -> str:
-    from datetime import UTC, datetime
-
-    return rfc3339(datetime.now(UTC)) or ""

@@ -12,7 +12,6 @@ from uuid import UUID
 import typer
 import uvicorn
 
-from app import serving
 from app.config import Settings, get_settings, is_loopback
 from app.db import bootstrap, migrate
 from app.db.pool import Database
@@ -54,22 +53,13 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address [FERRYMAN_HOST].")] = None,
     port: Annotated[int | None, typer.Option(help="Port [FERRYMAN_PORT].")] = None,
     worker: Annotated[
-        bool, typer.Option("--worker/--no-worker", help="Run a worker in each API process.")
+        bool, typer.Option("--worker/--no-worker", help="Run a worker in this process.")
     ] = True,
-    processes: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            max=64,
-            help="API processes sharing the port (SO_REUSEPORT) [FERRYMAN_PROCESSES].",
-        ),
-    ] = None,
-    reuse_port: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> None:
     """Run the API and a worker (on the embedded PostgreSQL unless DATABASE_URL is set)."""
     from app.main import create_app
 
-    settings = _settings(host=host, port=port, processes=processes)
+    settings = _settings(host=host, port=port)
     configure_logs(settings.log_level, settings.log_format)
     if settings.auth_mode == "local" and not is_loopback(settings.host):
         _fail(
@@ -86,26 +76,6 @@ def serve(
             fg=typer.colors.YELLOW,
             err=True,
         )
-    if settings.processes > 1:
-        typer.echo(
-            f"Ferryman on http://{settings.host}:{settings.port} in {settings.processes} "
-            f"processes (auth: {settings.auth_mode})",
-            err=True,
-        )
-        child = [
-            "serve",
-            "--host",
-            settings.host,
-            "--port",
-            str(settings.port),
-            "--processes",
-            "1",
-            "--reuse-port",
-            "--worker" if worker else "--no-worker",
-        ]
-        # The children use the database prepared here; this process keeps the embedded
-        # server alive until they have all exited.
-        raise typer.Exit(serving.supervise(child, {"DATABASE_URL": url}, settings.processes))
     app = create_app(settings, url, with_worker=worker)
     config = uvicorn.Config(
         app,
@@ -123,8 +93,7 @@ def serve(
     # default SIGTERM action the process would die on the spot, skipping the atexit hook that
     # stops the embedded PostgreSQL when its last user exits: exit normally instead.
     signal.signal(signal.SIGTERM, _exit_normally)
-    sockets = [serving.reuse_port_socket(settings.host, settings.port)] if reuse_port else None
-    _Server(config).run(sockets=sockets)
+    _Server(config).run()
 
 
 def _exit_normally(signum: int, frame: Any) -> None:

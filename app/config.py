@@ -39,7 +39,6 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     host: str = "127.0.0.1"
     port: int = 8000
-    processes: int = 1  # API processes sharing the port (`serve --processes`)
     auth: Literal["local", "keys"] | None = None
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"

@@ -274,28 +274,13 @@ class Server:
         self.log.close()
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants (the API processes of `serve --processes N`)."""
-    pids, index = [pid], 0
-    while index < len(pids):
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{pids[index]}/task"):
-                with open(f"/proc/{pids[index]}/task/{task}/children") as f:
-                    pids.extend(int(child) for child in f.read().split())
-        index += 1
-    return pids
-
-
 def proc_status(pid: int, field_name: str) -> int:
-    """A kB field of /proc/<pid>/status (VmRSS, VmHWM), in bytes, summed over the process and
-    its descendants."""
-    total = 0
-    for member in process_tree(pid):
-        with contextlib.suppress(OSError), open(f"/proc/{member}/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    total += int(line.split()[1]) * 1024
-    return total
+    """A kB field of /proc/<pid>/status (VmRSS, VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def proc_cpu(pid: int) -> float:
@@ -305,14 +290,10 @@ def proc_cpu(pid: int) -> float:
 
 
 def proc_cpu_split(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process and its live descendants."""
-    user = system = 0.0
-    for member in process_tree(pid):
-        with contextlib.suppress(OSError), open(f"/proc/{member}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-            user += int(fields[11]) / CLK_TCK
-            system += int(fields[12]) / CLK_TCK
-    return user, system
+    """(user, system) CPU seconds of a process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 def machine_cpu() -> tuple[float, float]:

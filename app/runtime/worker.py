@@ -17,9 +17,10 @@ from app.db.pool import UNAVAILABLE_ERRORS, Database
 from app.domain import Status
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import Run, RunContext
+from app.runtime.watcher import watch_peers
 from app.store import runs
 from app.store.events import Fence
-from app.store.notify import WORK_KEY, cancel_key
+from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,15 @@ class Worker:
         await asyncio.to_thread(heartbeat.registered.wait)
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         slots = asyncio.Semaphore(self.concurrency)
+        membership = asyncio.Event()
+        watcher = asyncio.create_task(
+            watch_peers(self.db.url, self.id, membership), name="death watch"
+        )
         try:
-            with self.bus.subscribe(WORK_KEY, lambda _: self.work.set()):
+            with (
+                self.bus.subscribe(WORK_KEY, lambda _: self.work.set()),
+                self.bus.subscribe(WORKERS_KEY, lambda _: membership.set()),
+            ):
                 while not self.stopping.is_set():
                     await slots.acquire()
                     if self.stopping.is_set():
@@ -133,9 +141,9 @@ class Worker:
         finally:
             # Shutdown: abort runs at a safe point; each writes session_interrupted and
             # releases its lease so another worker takes over at once.
+            watcher.cancel()
             self._abort_all("shutdown")
-            if self.tasks:
-                await asyncio.gather(*self.tasks, return_exceptions=True)
+            await asyncio.gather(watcher, *self.tasks, return_exceptions=True)
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)
             log.info("worker %s stopped", self.id)

@@ -9,6 +9,8 @@ from app.db.pool import Connection
 CHANNEL = "ferryman"
 # Key of the notification that wakes workers when there may be work to claim.
 WORK_KEY = "work"
+# Key of the notification sent when a worker (re-)registers: death watches choose peers again.
+WORKERS_KEY = "workers"
 
 
 # `key|body`: an ephemeral frame (e.g. `message_delta`) riding on the notification itself.

@@ -13,7 +13,7 @@ from app.db.pool import Connection
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
 from app.store.events import Fence, append_owner_event, append_session_event
-from app.store.notify import WORK_KEY, notify
+from app.store.notify import WORK_KEY, WORKERS_KEY, notify
 from app.store.sessions import SESSION_COLUMNS, set_status
 
 # Advisory-lock namespace of worker liveness locks: pg_advisory_lock(WORKER_LOCK_NAMESPACE, key).
@@ -36,6 +36,7 @@ async def register_worker(conn: Connection, worker_id: str, pid: int, hostname: 
         """,
         (worker_id, pid, hostname, key),
     )
+    await notify(conn, WORKERS_KEY)
     # Registering again means the old connection died and every run was aborted: give their
     # leases back now, so other workers need not wait out the TTL. (A run still winding down
     # writes nothing: its fence names a lease that is gone.)
@@ -73,6 +74,38 @@ async def reap_dead_workers(conn: Connection) -> list[str]:
         (WORKER_LOCK_NAMESPACE,),
     )
     return [row["id"] for row in await cur.fetchall()]
+
+
+async def next_peer(conn: Connection, worker_id: str) -> int | None:
+    """The liveness key of the live worker after this one in key order, wrapping around: each
+    worker watches one peer, and every worker is watched by one."""
+    cur = await conn.execute(
+        """
+        SELECT lock_key FROM workers
+        WHERE stopped_at IS NULL AND id <> %(id)s
+        ORDER BY lock_key <= (SELECT lock_key FROM workers WHERE id = %(id)s), lock_key
+        LIMIT 1
+        """,
+        {"id": worker_id},
+    )
+    row = await cur.fetchone()
+    return int(row["lock_key"]) if row else None
+
+
+async def await_death(conn: Connection, key: int) -> None:
+    """Block until the liveness lock `key` is free, which happens the instant its holder's
+    connection ends; then let go at once (a lock held here would make the dead worker look
+    alive to `reap_dead_workers`)."""
+    await conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (WORKER_LOCK_NAMESPACE, key))
+    await conn.execute("SELECT pg_advisory_unlock_shared(%s, %s)", (WORKER_LOCK_NAMESPACE, key))
+
+
+async def reap_and_wake(conn: Connection) -> list[str]:
+    """Reap dead workers and, if there were any, wake every worker to claim their sessions."""
+    dead = await reap_dead_workers(conn)
+    if dead:
+        await notify(conn, WORK_KEY)
+    return dead
 
 
 async def heartbeat(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 from prometheus_client import Counter, Gauge
 
+from app.backoff import Backoff
 from app.store.notify import CHANNEL, EPHEMERAL_SEPARATOR
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Bus:
             self._wake(key)
 
     async def _run(self) -> None:
-        backoff = self.min_backoff
+        backoff = Backoff(self.min_backoff, self.max_backoff)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
@@ -92,7 +93,7 @@ class Bus:
                     self.connected.set()
                     CONNECTED.set(1)
                     log.info("bus listening", extra={"channel": CHANNEL})
-                    backoff = self.min_backoff
+                    backoff.reset()
                     self._wake_all()
                     await self._listen(conn)
             except asyncio.CancelledError:
@@ -102,8 +103,7 @@ class Bus:
                     log.warning("bus connection lost: %s", exc)
                 self.connected.clear()
                 CONNECTED.set(0)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.max_backoff)
+                await backoff.wait()
 
     async def _listen(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
         while True:

@@ -37,15 +37,13 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
             return
         seen = 0
-        too_large = False
 
         async def limited_receive() -> Message:
-            nonlocal seen, too_large
+            nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    too_large = True
                     raise _TooLarge(self.max_bytes)
             return message
 

@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
+from app.backoff import Backoff
 from app.db.pool import MAX_RECONNECT_DELAY
 from app.store import runs
 
@@ -54,7 +55,8 @@ class Heartbeat(threading.Thread):
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        backoff = 0.1
+        # Capped low: until it registers again the worker claims nothing.
+        backoff = Backoff(cap=MAX_RECONNECT_DELAY)
         while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -64,7 +66,7 @@ class Heartbeat(threading.Thread):
                         conn, self.worker_id, os.getpid(), socket.gethostname()
                     )
                     self.registered.set()
-                    backoff = 0.1
+                    backoff.reset()
                     await self._beat(conn)
                     await runs.mark_worker_stopped(conn, self.worker_id)
                     return
@@ -72,9 +74,7 @@ class Heartbeat(threading.Thread):
                 # Without this connection our leases cannot be proven: give them all up.
                 log.warning("heartbeat connection lost: %s", exc)
                 self.on_disconnect()
-                await asyncio.sleep(backoff)
-                # Capped low: until it registers again the worker claims nothing.
-                backoff = min(backoff * 2, MAX_RECONNECT_DELAY)
+                await backoff.wait()
 
     async def _beat(self, conn: psycopg.AsyncConnection[dict[str, object]]) -> None:
         while not self._stopping.is_set():

@@ -12,6 +12,7 @@ import logging
 import psycopg
 from psycopg.rows import dict_row
 
+from app.backoff import Backoff
 from app.store import runs
 
 log = logging.getLogger(__name__)
@@ -24,14 +25,14 @@ async def watch_peers(
 ) -> None:
     """Run until cancelled. The peer is chosen again when `membership` is set (a worker
     registered) and at least every `repick_seconds` (statement_timeout cuts the wait short)."""
-    backoff = 0.1
+    backoff = Backoff()
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(
                 url, autocommit=True, row_factory=dict_row
             ) as conn:
                 await conn.execute(f"SET statement_timeout = {int(repick_seconds * 1000)}")
-                backoff = 0.1
+                backoff.reset()
                 while True:
                     membership.clear()
                     key = await runs.next_peer(conn, worker_id)
@@ -48,8 +49,7 @@ async def watch_peers(
             raise
         except Exception as exc:
             log.warning("death watch interrupted: %s", exc)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            await backoff.wait()
 
 
 async def _peer_died(conn: Connection, key: int, membership: asyncio.Event) -> bool:

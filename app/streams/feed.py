@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from app.backoff import Backoff
 from app.bus import Bus
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.streams.frames import Event, ephemeral_frame
@@ -117,21 +118,20 @@ class Feed:
         return events
 
     async def run(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             try:
                 if not self.ready.is_set():
                     self.head, self.closed = await self.source.head()
                     self.ready.set()
                 await self._catch_up()
-                backoff = 0.1
+                backoff.reset()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
                 self._wake.clear()
             except UNAVAILABLE_ERRORS as exc:
                 log.warning("feed %s cannot read the database: %s", self.source.key, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.wait()
 
     async def _catch_up(self) -> None:
         while True:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
+from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.streams.feed import FeedHub, FeedSource, wait_changed
 from app.streams.frames import PING, ResyncReason, control, retry
@@ -71,14 +72,13 @@ async def event_stream(
             if not await wait_any(feed.ready, shutdown, timeout=options.ping_interval):
                 yield PING
                 await wait_any(feed.ready, shutdown, timeout=3600)
-            start, replayed, backoff = cursor, 0, 0.1
+            start, replayed, backoff = cursor, 0, Backoff()
             while not shutdown.is_set():
                 try:
                     events = await feed.read(cursor)
                 except UNAVAILABLE_ERRORS:
                     yield PING
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    await backoff.wait()
                     continue
                 if not events:
                     break

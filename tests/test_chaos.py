@@ -17,8 +17,10 @@ async def test_chaos() -> None:
         sessions=40,
         workers=3,
         concurrency=4,
-        kill_every=2.0,
-        spread=6.0,  # sessions keep arriving until past the database restart
+        kill_every=1.5,
+        # Sessions keep arriving past the database restart, and long enough for at least five
+        # kills now that a death is noticed within milliseconds and recovery is quick.
+        spread=10.0,
         db_restart_at=8.0,
         db_down=2.0,
         lease_ttl=5.0,

@@ -3,9 +3,15 @@ call (`sleep`) and measure from the kill until `session_resumed` reaches an SSE 
 the session stream. Repeats `--runs` times and prints p50/p90/p99/max.
 
 What it measures end to end: the dead worker's PostgreSQL backend noticing the closed socket and
-dropping the liveness lock, a surviving worker's next claim (its claim loop polls every
-FERRYMAN_CLAIM_INTERVAL, default 1 s) reaping the dead worker and claiming the session, the
-resume plan and repair written, NOTIFY, the API process re-reading the log, the SSE frame.
+dropping the liveness lock, the surviving worker's death watch waking, reaping the dead worker
+and sending NOTIFY `work` (the claim poll, FERRYMAN_CLAIM_INTERVAL, is only the fallback), a
+claim, the resume plan and repair written, NOTIFY, the API process re-reading the log, the SSE
+frame.
+
+Each resumed session replays its interrupted `sleep`, so it keeps a slot for another 3 s while
+the next runs go on. With too few slots (`--concurrency`) the survivor is full when the next
+kill comes and that session waits for a slot or for the replacement worker: that measures
+capacity, not recovery. The default leaves room; `--concurrency 4` shows the effect.
 
 It runs a dedicated embedded PostgreSQL (or `--database-url`), one API server and `--workers`
 worker processes; each killed worker is replaced, and the next run starts once all are ready.
@@ -159,7 +165,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--lease-ttl", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--database-url", default=None, help="a server to create a database on")

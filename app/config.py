@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     poll_interval: float = 5.0
     replay_limit: int = 1000
     sse_retry_ms: int = 2000
+    max_streams_per_owner: int = Field(default=1000, ge=1)
 
     # Limits.
     max_body_bytes: int = 1_048_576

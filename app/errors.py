@@ -63,6 +63,17 @@ class PayloadTooLarge(FerrymanError):
     status, code, title = 413, "PAYLOAD_TOO_LARGE", "Payload Too Large"
 
 
+class TooManyStreams(FerrymanError):
+    status, code, title = 429, "TOO_MANY_STREAMS", "Too Many Requests"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"this owner already has {limit} open streams on this server"
+            " (FERRYMAN_MAX_STREAMS_PER_OWNER); close one, then retry",
+            limit=limit,
+        )
+
+
 class DatabaseUnavailable(FerrymanError):
     status, code, title = 503, "DATABASE_UNAVAILABLE", "Service Unavailable"
 

@@ -9,6 +9,7 @@ from app.bus import Bus
 from app.config import Settings
 from app.db.pool import Database
 from app.streams.feed import FeedHub
+from app.streams.sse import StreamSlots
 
 
 @dataclass
@@ -17,6 +18,7 @@ class Services:
     db: Database
     bus: Bus
     hub: FeedHub
+    slots: StreamSlots
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
@@ -29,7 +31,8 @@ class Services:
         )
         bus = Bus(database_url)
         hub = FeedHub(bus, poll_interval=settings.poll_interval)
-        return cls(settings=settings, db=db, bus=bus, hub=hub)
+        slots = StreamSlots(settings.max_streams_per_owner)
+        return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots)
 
     async def start(self) -> None:
         await self.db.open()

@@ -37,7 +37,14 @@ from app.store.notify import owner_key as owner_feed_key
 from app.streams.feed import FeedHub, FeedSource
 from app.streams.frames import Event, owner_event
 from app.streams.sse import StreamOptions, event_stream
-from tests.support import PROBLEM, ServerProcess, client, create_session, running
+from tests.support import (
+    PROBLEM,
+    ServerProcess,
+    client,
+    create_owner_key,
+    create_session,
+    running,
+)
 
 OWNER_EVENTS = "/api/agent/owner-events"
 ENVELOPE = {"id", "type", "sessionId", "ownerId", "ts", "phase", "data"}
@@ -1009,6 +1016,46 @@ async def test_many_idle_streams_fan_out_and_are_released(
         await asyncio.sleep(0.1)
     else:
         raise AssertionError(f"streams of gone clients still open: {before} -> {now}")
+
+
+async def test_streams_per_owner_are_capped(
+    database_url: str, owner_key: tuple[str, str]
+) -> None:
+    """FERRYMAN_MAX_STREAMS_PER_OWNER counts one owner's open streams of both kinds: one more
+    is 429 TOO_MANY_STREAMS, other owners are not affected, and a closed stream (or one that
+    ended by itself, like a resync) gives its slot back."""
+    _, key = owner_key
+    _, other_key = create_owner_key(database_url)
+    env = {"FERRYMAN_MAX_STREAMS_PER_OWNER": "2"}
+    with running(ServerProcess(database_url, env=env)) as proc:
+        async with client(proc.url, key) as http, client(proc.url, other_key) as other:
+            session = await create_session(http, "capped")
+            session_events = f"/api/agent/{session['id']}/events"
+            async with open_stream(http, OWNER_EVENTS) as first:
+                await first.until(lambda f: f.event == "caught_up")
+                # A stream that ends by itself releases its slot too.
+                for _ in range(3):
+                    async with open_stream(http, OWNER_EVENTS, last_event_id="999999") as gone:
+                        assert (await gone.end())[-1].event == "resync_required"
+                async with open_stream(http, session_events) as second:
+                    await second.until(lambda f: f.event == "caught_up")
+                    for path in (OWNER_EVENTS, session_events):
+                        refused = await http.get(path)
+                        assert refused.status_code == 429
+                        assert refused.headers["content-type"].startswith(PROBLEM)
+                        assert refused.headers["retry-after"] == "1"
+                        assert refused.json()["code"] == "TOO_MANY_STREAMS"
+                        assert refused.json()["limit"] == 2
+                    async with open_stream(other, OWNER_EVENTS) as others:
+                        await others.until(lambda f: f.event == "caught_up")
+            # Both closed: the slots come back once the server sees the disconnects.
+            for _ in range(50):
+                async with http.stream("GET", OWNER_EVENTS) as response:
+                    if response.status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("closed streams never gave their slots back")
 
 
 # --- events pruned under a replaying stream -------------------------------------------------

@@ -49,7 +49,7 @@ def problem(
 
 def _ferryman_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FerrymanError)
-    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
     if exc.status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
     return problem(exc.status, exc.code, exc.title, exc.detail, headers, **exc.extra)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamOwner
-from app.api.sessions import _ERRORS, parse_session_id
+from app.api.sessions import _ERRORS, _PROBLEM, parse_session_id
 from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
@@ -27,6 +28,8 @@ _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
         "description": "Server-Sent Events; each `data:` is one JSON envelope.",
     },
     **_ERRORS,
+    400: _PROBLEM,  # a bad cursor
+    429: _PROBLEM,  # the owner's stream slots are all taken
 }
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -39,8 +42,26 @@ LastEventIdQuery = Annotated[
 ]
 
 
-def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+class EventStreamResponse(StreamingResponse):
+    """An SSE response that calls `release` however it ends (the client left, the stream
+    closed, the process shut down)."""
+
+    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+def _sse(services: Services, owner: str, body: AsyncIterator[bytes]) -> StreamingResponse:
+    """Take one of the owner's stream slots (429 when none is left) for the response's life.
+    Called last, after every await of the endpoint, so no error can strand a slot."""
+    services.slots.take(owner)
+    return EventStreamResponse(body, lambda: services.slots.give_back(owner))
 
 
 def _options(services: Services, follow: bool = True) -> StreamOptions:
@@ -97,9 +118,10 @@ async def stream_owner_events(
     else:
         reason = resync_reason(cursor, last_id, first_retained, services.settings.replay_limit)
         if reason is not None:
-            return _sse(resync_stream(reason, cursor, last_id, options))
+            return _sse(services, owner, resync_stream(reason, cursor, last_id, options))
     source = owner_source(services, owner)
-    return _sse(event_stream("owner", services.hub, source, cursor, options, services.shutdown))
+    stream = event_stream("owner", services.hub, source, cursor, options, services.shutdown)
+    return _sse(services, owner, stream)
 
 
 @router.get(
@@ -124,8 +146,7 @@ async def stream_session_events(
     options = _options(services, follow)
     last_seq = int(row["last_seq"])
     if cursor is not None and cursor > last_seq:
-        return _sse(resync_stream("cursor_ahead", cursor, last_seq, options))
+        return _sse(services, owner, resync_stream("cursor_ahead", cursor, last_seq, options))
     source = session_source(services, sid)
-    return _sse(
-        event_stream("session", services.hub, source, cursor or 0, options, services.shutdown)
-    )
+    stream = event_stream("session", services.hub, source, cursor or 0, options, services.shutdown)
+    return _sse(services, owner, stream)

@@ -5,6 +5,7 @@ shuts down."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from prometheus_client import Gauge
 
 from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.errors import TooManyStreams
 from app.streams.feed import FeedHub, FeedSource, wait_changed
 from app.streams.frames import PING, ResyncReason, control, retry
 
@@ -23,6 +25,25 @@ class StreamOptions:
     ping_interval: float
     retry_ms: int
     follow: bool = True
+
+
+class StreamSlots:
+    """Open streams per owner in this process, at most `limit` each, so that one client cannot
+    use up the process's sockets and memory. Counted per process: a stream lives in one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    def take(self, owner: str) -> None:
+        if self.open[owner] >= self.limit:
+            raise TooManyStreams(self.limit)
+        self.open[owner] += 1
+
+    def give_back(self, owner: str) -> None:
+        self.open[owner] -= 1
+        if self.open[owner] <= 0:
+            del self.open[owner]
 
 
 async def wait_any(*events: asyncio.Event, timeout: float) -> bool:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from app.client import ApiError, FerrymanClient, StreamEvent
-from tests.support import ServerProcess, create_owner_key
+from tests.support import ServerProcess, create_owner_key, running, sse
 
 
 async def test_sdk_round_trip(server: ServerProcess, owner_key: tuple[str, str]) -> None:
@@ -76,3 +76,26 @@ async def test_control_frames_carry_no_id(
             if event.type == "caught_up":
                 break
     assert [(e.type, e.id) for e in frames] == [("user_message", "1"), ("caught_up", None)]
+
+
+async def test_stream_waits_for_a_free_slot(database_url: str) -> None:
+    """A 429 TOO_MANY_STREAMS is temporary: the SDK's stream backs off and opens once a slot
+    is free, instead of raising."""
+    _, key = create_owner_key(database_url)
+    env = {"FERRYMAN_MAX_STREAMS_PER_OWNER": "1"}
+    with running(ServerProcess(database_url, env=env)) as api:
+        async with FerrymanClient(api.url, api_key=key, reconnect_delay=0.1) as ferryman:
+            session = await ferryman.create_session("slots")
+
+            async def first_event() -> StreamEvent:
+                async for event in ferryman.session_events(session["id"]):
+                    return event
+                raise AssertionError("the stream ended")
+
+            async with sse(ferryman._http, "/api/agent/owner-events") as holder:
+                waiting = asyncio.create_task(first_event())
+                await anext(holder)  # caught_up: the one slot is taken
+                await asyncio.sleep(0.5)
+                assert not waiting.done(), "the SDK gave up on a 429"
+            event = await asyncio.wait_for(waiting, 10)
+            assert event.type == "user_message"

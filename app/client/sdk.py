@@ -180,7 +180,8 @@ class FerrymanClient:
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 pass
             except ApiError as error:
-                if error.status < 500:
+                # 429: the owner's stream slots are taken for now; wait like for a 5xx.
+                if error.status < 500 and error.status != 429:
                     raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_reconnect_delay)

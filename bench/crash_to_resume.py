@@ -169,9 +169,7 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--database-url", default=None, help="a server to create a database on")
-    parser.add_argument(
-        "--data-dir", type=Path, default=data_dir_for("ferryman-crash-to-resume")
-    )
+    parser.add_argument("--data-dir", type=Path, default=data_dir_for("ferryman-crash-to-resume"))
     args = parser.parse_args()
     sys.exit(asyncio.run(main_async(args)))
 

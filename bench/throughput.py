@@ -141,10 +141,14 @@ def main() -> None:
         f"sessions/s:           {rate:.1f}  ({args.sessions} sessions, {args.workers} workers "
         f"x {args.concurrency}, {elapsed:.1f} s)"
     )
-    print(f"write commits/session: {writes_per_session:.1f}  (transactions incl. reads: "
-          f"{per_session:.1f})")
-    print(f"commits/s (ferryman): {rate * writes_per_session:.0f} writes, "
-          f"{rate * per_session:.0f} in all")
+    print(
+        f"write commits/session: {writes_per_session:.1f}  (transactions incl. reads: "
+        f"{per_session:.1f})"
+    )
+    print(
+        f"commits/s (ferryman): {rate * writes_per_session:.0f} writes, "
+        f"{rate * per_session:.0f} in all"
+    )
     print(
         f"commits/s (pgbench):  {ceiling:.0f}  (write ceiling; ferryman's writes reach "
         f"{rate * writes_per_session / ceiling:.0%} of it)"

@@ -297,7 +297,15 @@ def test_session_event_envelope() -> None:
     assert fields[0] == ("id", "7")
     assert fields[1] == ("event", "assistant_message")
     assert set(data) == {
-        "id", "type", "sessionId", "ownerId", "ts", "phase", "data", "seq", "attempt"
+        "id",
+        "type",
+        "sessionId",
+        "ownerId",
+        "ts",
+        "phase",
+        "data",
+        "seq",
+        "attempt",
     }
     assert data["id"] == "7"
     assert data["seq"] == 7

@@ -142,9 +142,7 @@ class Stream:
             if raw or item.data is not None:
                 return item
 
-    async def until(
-        self, done: Callable[[Frame], bool], timeout: float = 15.0
-    ) -> list[Frame]:
+    async def until(self, done: Callable[[Frame], bool], timeout: float = 15.0) -> list[Frame]:
         """Frames with data up to and including the first one `done` accepts."""
         deadline = time.monotonic() + timeout
         got: list[Frame] = []
@@ -415,7 +413,6 @@ async def test_owner_cursor_gap_free_under_concurrent_writers(
     assert all(e["ownerId"] == owner for e in events)
 
 
-
 # --- 2. snapshot, then stream from its cursor ------------------------------------------------
 
 
@@ -460,9 +457,7 @@ async def test_list_snapshot_then_stream_misses_and_repeats_nothing(
     assert_gap_free(ids_after, cursor + 1, ids_after[-1])
     caught_up = assert_phases(frames)
     assert caught_up.json["fromEventId"] == str(cursor)
-    after = [
-        f.json["data"]["session"]["id"] for f in frames if f.event == "session_created"
-    ]
+    after = [f.json["data"]["session"]["id"] for f in frames if f.event == "session_created"]
     assert len(after) == len(set(after)), "a session_created event was repeated"
     assert not set(after) & set(listed), "a session in the snapshot was announced again"
     assert len(listed) == len(set(listed))
@@ -607,15 +602,21 @@ async def test_resync_cursor_ahead(server: ServerProcess, owner_key: tuple[str, 
     async with client(server.url, key) as http:
         # An owner with no events at all.
         assert await _resync(http, OWNER_EVENTS, last_event_id="1") == {
-            "reason": "cursor_ahead", "fromEventId": "1", "currentEventId": "0"
+            "reason": "cursor_ahead",
+            "fromEventId": "1",
+            "currentEventId": "0",
         }
         session = await create_session(http)
         await rename(http, session["id"], "two")
         assert await _resync(http, OWNER_EVENTS, last_event_id="3") == {
-            "reason": "cursor_ahead", "fromEventId": "3", "currentEventId": "2"
+            "reason": "cursor_ahead",
+            "fromEventId": "3",
+            "currentEventId": "2",
         }
         assert await _resync(http, OWNER_EVENTS, lastEventId="9223372036854775807") == {
-            "reason": "cursor_ahead", "fromEventId": "9223372036854775807", "currentEventId": "2"
+            "reason": "cursor_ahead",
+            "fromEventId": "9223372036854775807",
+            "currentEventId": "2",
         }
         # At the head exactly: fine, nothing to replay.
         async with open_stream(http, OWNER_EVENTS, last_event_id="2") as stream:
@@ -625,10 +626,14 @@ async def test_resync_cursor_ahead(server: ServerProcess, owner_key: tuple[str, 
 
         path = f"/api/agent/{session['id']}/events"
         assert await _resync(http, path, last_event_id="2") == {
-            "reason": "cursor_ahead", "fromEventId": "2", "currentEventId": "1"
+            "reason": "cursor_ahead",
+            "fromEventId": "2",
+            "currentEventId": "1",
         }
         assert await _resync(http, path, lastEventId="50") == {
-            "reason": "cursor_ahead", "fromEventId": "50", "currentEventId": "1"
+            "reason": "cursor_ahead",
+            "fromEventId": "50",
+            "currentEventId": "1",
         }
         async with open_stream(http, path, last_event_id="1", follow="false") as stream:
             frames = await stream.end()
@@ -645,7 +650,9 @@ async def test_resync_too_far_behind(
     async with client(server.url, key) as http:
         for cursor in ("0", "1", "99"):
             assert await _resync(http, OWNER_EVENTS, last_event_id=cursor) == {
-                "reason": "too_far_behind", "fromEventId": cursor, "currentEventId": "1100"
+                "reason": "too_far_behind",
+                "fromEventId": cursor,
+                "currentEventId": "1100",
             }
         # Exactly the replay limit (1000) behind: replayed in full.
         async with open_stream(http, OWNER_EVENTS, last_event_id="100") as stream:
@@ -689,7 +696,9 @@ async def test_resync_expired(
     async with client(server.url, key) as http:
         for cursor in ("0", "2", "3"):
             assert await _resync(http, OWNER_EVENTS, last_event_id=cursor) == {
-                "reason": "expired", "fromEventId": cursor, "currentEventId": "5"
+                "reason": "expired",
+                "fromEventId": cursor,
+                "currentEventId": "5",
             }
         # Cursor 4 missed nothing that was pruned: event 5 is replayed.
         async with open_stream(http, OWNER_EVENTS, lastEventId="4") as stream:
@@ -763,8 +772,12 @@ async def test_owner_stream_wire_format_and_pings(
             raw = stream.frames
 
     assert [f.event for f in frames] == [
-        "session_created", "session_created", "session_title", "caught_up",
-        "session_title", "session_title",
+        "session_created",
+        "session_created",
+        "session_title",
+        "caught_up",
+        "session_title",
+        "session_title",
     ]
     caught_up = assert_phases(frames)
     assert caught_up.raw.split("\n")[0] == "event: caught_up", "control frames carry no id"
@@ -809,7 +822,10 @@ async def test_session_stream_wire_format(
             frames += await stream.durable(1)
 
     assert [f.event for f in frames] == [
-        "user_message", "user_message", "caught_up", "user_message"
+        "user_message",
+        "user_message",
+        "caught_up",
+        "user_message",
     ]
     caught_up = assert_phases(frames)
     assert caught_up.json == {"replayed": 2, "fromEventId": "0", "cursor": "2"}
@@ -1018,9 +1034,7 @@ async def test_many_idle_streams_fan_out_and_are_released(
         raise AssertionError(f"streams of gone clients still open: {before} -> {now}")
 
 
-async def test_streams_per_owner_are_capped(
-    database_url: str, owner_key: tuple[str, str]
-) -> None:
+async def test_streams_per_owner_are_capped(database_url: str, owner_key: tuple[str, str]) -> None:
     """FERRYMAN_MAX_STREAMS_PER_OWNER counts one owner's open streams of both kinds: one more
     is 429 TOO_MANY_STREAMS, other owners are not affected, and a closed stream (or one that
     ended by itself, like a resync) gives its slot back."""
@@ -1068,8 +1082,14 @@ async def test_events_pruned_mid_replay_are_never_skipped_silently() -> None:
     now = datetime.now(UTC)
     store: dict[int, Event] = {
         i: owner_event(
-            {"owner_id": "o", "id": i, "session_id": uuid.uuid4(), "type": STAGE,
-             "data": {"stage": str(i)}, "created_at": now}
+            {
+                "owner_id": "o",
+                "id": i,
+                "session_id": uuid.uuid4(),
+                "type": STAGE,
+                "data": {"stage": str(i)},
+                "created_at": now,
+            }
         )
         for i in range(1, 11)
     }

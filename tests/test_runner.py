@@ -376,11 +376,12 @@ async def test_steering_a_running_session(
         assert of_type(events, "user_message")[-1]["seq"] == steer_seq < answers[-1]["seq"]
 
 
-async def test_message_during_the_last_turn_requeues(
+async def test_message_during_the_last_turn_is_answered_in_the_same_run(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:
-    """A steer that arrives after the last turn started is not lost: the run ends, and the
-    session goes again for it."""
+    """A steer that arrives while the final answer streams is not lost, and the run does not
+    end without it: the model answers it in the same run. The log never says the session
+    ended before it really did."""
     await ready(start_worker())
     async with client(api.url, key) as http:
         sid = await new_session(
@@ -390,24 +391,57 @@ async def test_message_during_the_last_turn_requeues(
         await asyncio.sleep(0.3)
         steer = await http.post(f"/api/agent/{sid}/messages", json={"text": "one more thing"})
         assert steer.json()["message"]["delivery"] == "steer"
+        session = await wait_for_status(http, sid, TERMINAL)
+        assert session["status"] == "succeeded"
+        assert session["attempt"] == 1
+        events = await transcript(http, sid)
+        assert [(e["type"], e["data"].get("text")) for e in events] == [
+            ("user_message", "hello"),
+            ("session_start", None),
+            ("user_message", "one more thing"),
+            ("assistant_message", "slow final answer"),
+            ("assistant_message", "You said: one more thing"),
+            ("session_end", None),
+        ]
+
+
+async def test_message_during_a_failing_turn_requeues_after_the_failure(
+    api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
+) -> None:
+    """A turn that fails does not take a steer with it: the run ends `failed` (announced as
+    such), then the undelivered message re-queues the session and a new run answers it."""
+    await ready(start_worker())
+    async with client(api.url, key) as http:
+        script = [{"text": "provider down", "stopReason": "error", "chunks": 4, "delayMs": 1200}]
+        sid = await new_session(http, script=script)
+        await wait_event(http, sid, lambda e: e["type"] == "session_start")
+        await asyncio.sleep(0.3)
+        steer = await http.post(f"/api/agent/{sid}/messages", json={"text": "try again"})
+        assert steer.json()["message"]["delivery"] == "steer"
         deadline = time.monotonic() + 20
-        while True:
-            events = await transcript(http, sid)
-            answers = of_type(events, "assistant_message")
-            session = (await http.get(f"/api/agent/{sid}")).json()
-            if session["status"] in TERMINAL and len(answers) == 2:
-                break
-            assert time.monotonic() < deadline, (
-                session,
-                [(e["type"], e["attempt"], e["data"]) for e in events],
-            )
+        while (session := (await http.get(f"/api/agent/{sid}")).json())["attempt"] < 2 or (
+            session["status"] not in TERMINAL
+        ):
+            assert time.monotonic() < deadline, session
             await asyncio.sleep(0.05)
         assert session["status"] == "succeeded"
-        assert [a["data"]["text"] for a in answers] == [
-            "slow final answer",
-            "You said: one more thing",
+        events = await transcript(http, sid)
+        ends = [e["data"]["status"] for e in of_type(events, "session_end")]
+        assert ends == ["failed", "succeeded"]
+        assert of_type(events, "assistant_message")[-1]["data"]["text"] == "You said: try again"
+        statuses = await query(
+            isolated_db,
+            "SELECT data->>'status' AS status FROM owner_events"
+            " WHERE session_id = %s AND type = 'session_status' ORDER BY id",
+            (uuid.UUID(sid),),
+        )
+        assert [r["status"] for r in statuses] == [
+            "running",
+            "failed",
+            "queued",
+            "running",
+            "succeeded",
         ]
-        assert of_type(events, "session_resumed")[0]["data"]["reason"] == "follow_up"
 
 
 async def test_default_echo_without_script(

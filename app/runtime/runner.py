@@ -118,11 +118,17 @@ class Run:
             event = await runs.append(conn, self.fence, self.session_id, type_, data)
         return int(event["seq"])
 
-    async def finish(self, status: Status, **details: Any) -> None:
+    async def finish(self, status: Status, **details: Any) -> bool:
+        """End the run; False when a follow-up arrived that the model has not seen yet: the
+        run goes on to answer it instead."""
         async with self.ctx.db.transaction() as conn:
             settled = await runs.finish(conn, self.fence, self.row, status, **details)
+        if settled is None:
+            log.info("run goes on: a follow-up arrived", extra={"session": str(self.session_id)})
+            return False
         RUNS.labels(str(settled)).inc()
         log.info("run ended", extra={"session": str(self.session_id), "status": str(settled)})
+        return True
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -130,8 +136,9 @@ class Run:
         try:
             plan = await self.begin()
             if plan.kind == "already-complete":
-                await self.finish(Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED)
-                return
+                outcome = Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED
+                if await self.finish(outcome):
+                    return
             await self.loop()
         except RunAborted as aborted:
             await self.on_abort(aborted.reason)
@@ -210,21 +217,21 @@ class Run:
                     if tool is not None and tool.ends_turn and not result.is_error:
                         await self.append("user_question", _question(call.arguments))
                         asked = True
-                if asked:
-                    await self.finish(Status.WAITING)
+                if asked and await self.finish(Status.WAITING):
                     return
                 continue
             if reply.stop_reason == "length":
-                await self.finish(
+                ended = await self.finish(
                     Status.WAITING, note="output limit reached; send a message to continue"
                 )
             elif reply.stop_reason == "error":
-                await self.finish(
+                ended = await self.finish(
                     Status.FAILED, error={"code": "MODEL_ERROR", "message": reply.text}
                 )
             else:
-                await self.finish(Status.SUCCEEDED)
-            return
+                ended = await self.finish(Status.SUCCEEDED)
+            if ended:
+                return
 
     async def take_new_messages(self) -> None:
         """Deliver follow-ups logged since we last looked (steering) at this turn boundary."""

@@ -231,12 +231,17 @@ async def finish(
     error: dict[str, Any] | None = None,
     note: str | None = None,
     requeue_undelivered: bool = True,
-) -> Status:
+) -> Status | None:
     """Close the run: `session_end`, the new status, the lease released.
 
     A cancel accepted before this commits wins: the row lock orders the two, so a cancel
-    either finds the session terminal (409) or the session ends `cancelled`, never both. A
-    follow-up that came in during the run and was never delivered re-queues the session.
+    either finds the session terminal (409) or the session ends `cancelled`, never both.
+
+    The same lock orders follow-ups (`post_message` locks the row too). One that came in
+    during the run and never reached the model keeps the run going when it would end
+    `succeeded` or `waiting`: None, nothing written, the caller delivers it. After a failure
+    it re-queues the session (announced after the failure), unless `requeue_undelivered` is
+    False.
     """
     cur = await conn.execute(
         "SELECT cancel_requested_at IS NOT NULL AS cancel FROM sessions WHERE id = %s FOR UPDATE",
@@ -245,30 +250,28 @@ async def finish(
     locked = await cur.fetchone()
     if locked is not None and locked["cancel"] and status != Status.FAILED:
         status, error, requeue_undelivered = Status.CANCELLED, None, False
+    pending = requeue_undelivered and await undelivered_messages(conn, row["id"]) > 0
+    if pending and status in (Status.SUCCEEDED, Status.WAITING):
+        return None
     end: dict[str, Any] = {"status": str(status)}
     if error is not None:
         end["error"] = error
     if note is not None:
         end["note"] = note
     await append(conn, fence, row["id"], SessionEventType.SESSION_END, end)
-    settled = status
-    if (
-        requeue_undelivered
-        and status != Status.CANCELLED
-        and await undelivered_messages(conn, row["id"])
-    ):
-        settled = Status.QUEUED
     await set_status(
         conn,
         row,
-        settled,
-        error=error if settled != Status.QUEUED else None,
+        status,
+        error=error,
         extra_sets=", lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
         ", active_stage = NULL",
     )
-    if settled == Status.QUEUED:
+    if pending and status == Status.FAILED:
+        await set_status(conn, row, Status.QUEUED)
         await notify(conn, WORK_KEY)
-    return settled
+        return Status.QUEUED
+    return status
 
 
 async def release(conn: Connection, fence: Fence, row: dict[str, Any], reason: str) -> None:

@@ -1,9 +1,10 @@
 """The front door: `ferryman serve` with no DATABASE_URL runs on an embedded PostgreSQL in its
 data directory; another `ferryman` process on that directory joins the same server; the server
-stops when its last user exits."""
+stops when its last user exits, even when another user was killed without a chance to say so."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -73,6 +74,21 @@ def test_serve_on_embedded_postgres() -> None:
         )
         assert response.status_code == 201
         assert response.json()["ownerId"] == "embedded"
+
+        # A worker joins too, then dies by SIGKILL: it never leaves embedded-postgres's list
+        # of the server's users, and must not keep the server alive after serve exits.
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "app", "worker"],
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        users = data_dir / "pg" / ".handle_pids.json"
+        deadline = time.monotonic() + 60
+        while worker.pid not in json.loads(users.read_text()):
+            assert worker.poll() is None and time.monotonic() < deadline, "the worker never joined"
+            time.sleep(0.1)
+        assert _postmaster_pid(data_dir) == postmaster
+        worker.kill()
+        worker.wait()
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(30) == 0

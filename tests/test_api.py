@@ -710,3 +710,25 @@ async def test_openapi_operation_ids(server: ServerProcess) -> None:
     assert ops["getTranscript"] == ("GET", "/api/agent/{session_id}/transcript")
     assert ops["streamOwnerEvents"] == ("GET", "/api/agent/owner-events")
     assert ops["streamSessionEvents"] == ("GET", "/api/agent/{session_id}/events")
+
+
+async def test_openapi_declares_every_error_status(server: ServerProcess) -> None:
+    """Generated clients see every status an operation can answer, so they can type it: the
+    problem statuses of bad input (400, 413), limits (429) and auth, beside 404/422/503."""
+    async with client(server.url) as http:
+        spec = (await http.get("/openapi.json")).json()
+    declared = {
+        op["operationId"]: set(op["responses"])
+        for item in spec["paths"].values()
+        for op in item.values()
+        if isinstance(op, dict) and "operationId" in op
+    }
+    common = {"401", "404", "422", "503"}
+    body = common | {"400", "413"}  # MALFORMED_JSON, PAYLOAD_TOO_LARGE
+    assert declared["createSession"] >= body | {"200", "201", "409"}
+    assert declared["renameSession"] >= body
+    assert declared["postMessage"] >= body
+    assert declared["listSessions"] >= common | {"400"}  # INVALID_PAGE_TOKEN
+    assert declared["cancelSession"] >= common | {"409"}
+    for stream in ("streamOwnerEvents", "streamSessionEvents"):
+        assert declared[stream] >= common | {"400", "429"}  # INVALID_CURSOR, TOO_MANY_STREAMS

@@ -490,21 +490,23 @@ async def test_unknown_routes_and_methods(http: httpx.AsyncClient) -> None:
         "/api/agent/a/b/c",
     ):
         assert_problem(await http.get(path), 404, "NOT_FOUND")
-    for method, path in (
-        ("PUT", "/api/agent"),
-        ("DELETE", "/api/agent"),
-        ("PATCH", "/api/agent"),
-        ("PUT", f"/api/agent/{sid}"),
-        ("POST", f"/api/agent/{sid}"),
-        ("GET", f"/api/agent/{sid}/cancel"),
-        ("GET", f"/api/agent/{sid}/messages"),
-        ("POST", f"/api/agent/{sid}/transcript"),
-        ("POST", "/api/agent/owner-events"),
-        ("POST", "/healthz"),
+    session_methods = {"GET", "PATCH", "DELETE"}
+    for method, path, allowed in (
+        ("PUT", "/api/agent", {"GET", "POST"}),
+        ("DELETE", "/api/agent", {"GET", "POST"}),
+        ("OPTIONS", "/api/agent", {"GET", "POST"}),
+        ("PUT", f"/api/agent/{sid}", session_methods),
+        ("POST", f"/api/agent/{sid}", session_methods),
+        ("GET", f"/api/agent/{sid}/cancel", {"POST"}),
+        ("GET", f"/api/agent/{sid}/messages", {"POST"}),
+        ("POST", f"/api/agent/{sid}/transcript", {"GET"}),
+        ("POST", "/api/agent/owner-events", session_methods),  # also a session path
+        ("POST", "/healthz", {"GET"}),
     ):
         response = await http.request(method, path)
         assert_problem(response, 405, "METHOD_NOT_ALLOWED")
-        assert "allow" in response.headers
+        # Every method of every route at the path (RFC 9110), not just the first route's.
+        assert set(response.headers["allow"].split(", ")) == allowed, (method, path)
 
 
 # --- fuzz -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import FerrymanError
@@ -72,8 +73,10 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def _http_error(_: Request, exc: Exception) -> JSONResponse:
+def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(request)}
     code = _HTTP_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 400 and detail == _FASTAPI_BODY_ERROR:
@@ -84,6 +87,21 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
     except ValueError:
         title = detail
     return problem(exc.status_code, code, title, detail, dict(exc.headers or {}))
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route takes at this path. Starlette's 405 names only the methods of
+    the first route whose path matched; RFC 9110 wants them all. Asks each route whether it
+    would take the request with each method (the routing API, whatever the routes' nesting)."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    )
 
 
 def _unavailable(_: Request, exc: Exception) -> JSONResponse:

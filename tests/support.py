@@ -103,9 +103,11 @@ class ChildProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def logs(self) -> str:
+    def logs(self, tail: int | None = 5000) -> str:
+        """The end of the process's output (all of it with `tail=None`)."""
         with open(self.log_path, errors="replace") as f:
-            return f.read()[-5000:]
+            text = f.read()
+        return text if tail is None else text[-tail:]
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -657,3 +657,54 @@ async def test_lost_heartbeat_connection_does_not_burn_attempts(
     # one claim, not a claim storm.
     assert head["attempt"] == 2, head
     check_log(recovery_db, session_id, owner_watch)
+
+
+async def test_registering_again_is_atomic(database_url: str, server: ServerProcess) -> None:
+    """A worker that registers again (its heartbeat connection came back) must not be seen
+    live before its old leases are given back: else its own claim loop could take a session in
+    between, and the release would strip the new lease (an attempt spent for nothing, as a
+    CI run once showed). Held at the lease release by a row lock, the registration must still
+    look stopped from outside."""
+    from app.store import runs
+
+    worker_id = f"w-{os.urandom(4).hex()}"
+    _, key = create_owner_key(database_url)
+    async with client(server.url, key) as http:
+        session_id = (await http.post("/api/agent", json={"prompt": "leased"})).json()["id"]
+    connect = psycopg.AsyncConnection.connect
+    async with (
+        await connect(database_url, autocommit=True, row_factory=dict_row) as admin,
+        await connect(database_url, autocommit=True, row_factory=dict_row) as heartbeat,
+    ):
+        await admin.execute(
+            "INSERT INTO workers (id, pid, hostname, stopped_at) VALUES (%s, 1, 'h', now())",
+            (worker_id,),
+        )
+        # The session is still leased to the worker's previous life, as after a lost heartbeat
+        # (status 'running' so that a real worker of this database would leave it alone).
+        await admin.execute(
+            "UPDATE sessions SET status = 'running', lease_worker_id = %s,"
+            " lease_expires_at = now() + interval '1 hour' WHERE id = %s",
+            (worker_id, session_id),
+        )
+        async with admin.transaction():
+            await admin.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+            registering = asyncio.create_task(
+                runs.register_worker(heartbeat, worker_id, os.getpid(), "h")
+            )
+            await asyncio.sleep(0.5)
+            assert not registering.done(), "the registration did not wait for the row lock"
+            async with await connect(database_url, row_factory=dict_row) as observer:
+                cur = await observer.execute(
+                    "SELECT stopped_at FROM workers WHERE id = %s", (worker_id,)
+                )
+                row = await cur.fetchone()
+            assert row is not None and row["stopped_at"] is not None, "live before the release"
+        await asyncio.wait_for(registering, 10)
+        cur = await admin.execute(
+            "SELECT w.stopped_at, s.lease_worker_id FROM workers w, sessions s"
+            " WHERE w.id = %s AND s.id = %s",
+            (worker_id, session_id),
+        )
+        assert await cur.fetchone() == {"stopped_at": None, "lease_worker_id": None}
+        await admin.execute("DELETE FROM workers WHERE id = %s", (worker_id,))

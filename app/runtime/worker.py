@@ -201,6 +201,15 @@ class Worker:
             with self.bus.subscribe(cancel_key(run.session_id), on_cancel):
                 on_cancel(None)  # a cancel that came between the claim and the subscription
                 await run.execute()
+        except UNAVAILABLE_ERRORS as exc:
+            # The database went away mid-run: the run stops here. Its lease runs out (or the
+            # heartbeat gives it up) and a claim resumes the session from its log once the
+            # database is back. Expected in an outage, so no traceback.
+            log.warning(
+                "run stopped: the database is unavailable (%s)",
+                type(exc).__name__,
+                extra={"session": str(run.session_id)},
+            )
         except Exception:
             log.exception("run failed unexpectedly", extra={"session": str(run.session_id)})
         finally:

@@ -28,25 +28,29 @@ async def register_worker(conn: Connection, worker_id: str, pid: int, hostname: 
     assert row is not None
     key = int(row["k"])
     await conn.execute("SELECT pg_advisory_lock(%s, %s)", (WORKER_LOCK_NAMESPACE, key))
-    await conn.execute(
-        """
-        INSERT INTO workers (id, pid, hostname, lock_key) VALUES (%s, %s, %s, %s)
-        ON CONFLICT (id) DO UPDATE SET lock_key = excluded.lock_key, stopped_at = NULL,
-            heartbeat_at = clock_timestamp()
-        """,
-        (worker_id, pid, hostname, key),
-    )
-    await notify(conn, WORKERS_KEY)
-    # Registering again means the old connection died and every run was aborted: give their
-    # leases back now, so other workers need not wait out the TTL. (A run still winding down
-    # writes nothing: its fence names a lease that is gone.)
-    cur = await conn.execute(
-        "UPDATE sessions SET lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
-        " WHERE lease_worker_id = %s AND status = 'running' RETURNING id",
-        (worker_id,),
-    )
-    if await cur.fetchone() is not None:
-        await notify(conn, WORK_KEY)
+    # One transaction: were the worker live again before its old leases are given back, its
+    # own claim loop could take a session in between, and the release would strip that new
+    # lease (an attempt spent for nothing).
+    async with conn.transaction():
+        await conn.execute(
+            """
+            INSERT INTO workers (id, pid, hostname, lock_key) VALUES (%s, %s, %s, %s)
+            ON CONFLICT (id) DO UPDATE SET lock_key = excluded.lock_key, stopped_at = NULL,
+                heartbeat_at = clock_timestamp()
+            """,
+            (worker_id, pid, hostname, key),
+        )
+        await notify(conn, WORKERS_KEY)
+        # Registering again means the old connection died and every run was aborted: give
+        # their leases back now, so other workers need not wait out the TTL. (A run still
+        # winding down writes nothing: its fence names a lease that is gone.)
+        cur = await conn.execute(
+            "UPDATE sessions SET lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
+            " WHERE lease_worker_id = %s AND status = 'running' RETURNING id",
+            (worker_id,),
+        )
+        if await cur.fetchone() is not None:
+            await notify(conn, WORK_KEY)
     return key
 
 

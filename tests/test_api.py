@@ -694,6 +694,8 @@ async def test_workbench_page(server: ServerProcess) -> None:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/html")
         assert "<html" in response.text.lower()
+        # Session titles and texts are user input: the page only ever sets textContent.
+        assert "innerHTML" not in response.text and "insertAdjacentHTML" not in response.text
 
 
 async def test_openapi_operation_ids(server: ServerProcess) -> None:

@@ -62,7 +62,11 @@ async def resync_stream(
 ) -> AsyncIterator[bytes]:
     """Tell the client to take a fresh snapshot, then close."""
     yield retry(options.retry_ms)
-    yield control(
+    yield resync_frame(reason, cursor, current)
+
+
+def resync_frame(reason: ResyncReason, cursor: int, current: int) -> bytes:
+    return control(
         "resync_required",
         {"reason": reason, "fromEventId": str(cursor), "currentEventId": str(current)},
     )
@@ -71,10 +75,7 @@ async def resync_stream(
 def _expired(cursor: int, current: int) -> bytes:
     """Retention removed events after `cursor` before this stream sent them: never skip them
     silently (a reader that saw id n must have seen every id <= n); ask for a resync."""
-    return control(
-        "resync_required",
-        {"reason": "expired", "fromEventId": str(cursor), "currentEventId": str(current)},
-    )
+    return resync_frame("expired", cursor, current)
 
 
 async def event_stream(

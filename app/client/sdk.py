@@ -23,6 +23,15 @@ class ApiError(Exception):
         self.problem = problem
 
 
+def _api_error(response: httpx.Response) -> ApiError:
+    """The error for a 4xx/5xx answer, whose body is problem+json (or, from a proxy, not)."""
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {"detail": response.text}
+    return ApiError(response.status_code, problem)
+
+
 @dataclass(frozen=True)
 class StreamEvent:
     """One frame of a stream: durable events have an `id`; control and ephemeral ones do not."""
@@ -64,11 +73,7 @@ class FerrymanClient:
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         response = await self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
-            try:
-                problem = response.json()
-            except ValueError:
-                problem = {"detail": response.text}
-            raise ApiError(response.status_code, problem)
+            raise _api_error(response)
         return response.json() if response.content else None
 
     # --- sessions ----------------------------------------------------------------------------
@@ -162,7 +167,7 @@ class FerrymanClient:
                 ) as source:
                     if source.response.status_code >= 400:
                         await source.response.aread()
-                        raise ApiError(source.response.status_code, source.response.json())
+                        raise _api_error(source.response)
                     delay = self.reconnect_delay
                     async for sse in source.aiter_sse():
                         if not sse.data:

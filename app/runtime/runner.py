@@ -211,9 +211,9 @@ class Run:
             if reply.tool_calls:
                 asked = False
                 for call in reply.tool_calls:
-                    result = await self.call_tool(call, allowed.get(call.name))
-                    self.conversation.append(result)
                     tool = allowed.get(call.name)
+                    result = await self.call_tool(call, tool)
+                    self.conversation.append(result)
                     if tool is not None and tool.ends_turn and not result.is_error:
                         await self.append("user_question", _question(call.arguments))
                         asked = True
@@ -330,7 +330,7 @@ class Run:
             content = await self.interruptible(
                 asyncio.wait_for(tool.run(call.arguments, context), timeout)
             )
-        except RunAborted:
+        except (RunAborted, FenceRefused):
             raise
         except TimeoutError:
             return ToolResult(
@@ -340,8 +340,6 @@ class Run:
                 is_error=True,
                 timed_out=True,
             )
-        except FenceRefused:
-            raise
         except Exception as exc:
             return ToolResult(call.id, call.name, f"{type(exc).__name__}: {exc}", is_error=True)
         return ToolResult(call.id, call.name, str(content))

@@ -16,7 +16,7 @@ from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Database
 from app.domain import Status
 from app.runtime.heartbeat import Heartbeat
-from app.runtime.runner import Run, RunContext
+from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
 from app.store import runs
 from app.store.events import Fence
@@ -84,12 +84,12 @@ class Worker:
 
     # --- the claim loop ------------------------------------------------------------------
 
-    def _abort(self, session_id: UUID, reason: str) -> None:
+    def _abort(self, session_id: UUID, reason: AbortReason) -> None:
         run = self.runs.get(session_id)
         if run is not None:
-            run.abort(reason)  # type: ignore[arg-type]
+            run.abort(reason)
 
-    def _abort_all(self, reason: str) -> None:
+    def _abort_all(self, reason: AbortReason) -> None:
         for session_id in list(self.runs):
             self._abort(session_id, reason)
 
@@ -152,7 +152,7 @@ class Worker:
         try:
             async with self.db.transaction() as conn:
                 await runs.reap_dead_workers(conn)
-                row = await runs.claim(conn, self.id, os.getpid(), self.settings.lease_ttl)
+                row = await runs.claim(conn, self.id, self.context.pid, self.settings.lease_ttl)
                 if row is None:
                     return None
                 fence = Fence(self.id, row["attempt"])

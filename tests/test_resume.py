@@ -245,6 +245,19 @@ def test_successful_ask_user_at_the_tail_is_already_complete_waiting() -> None:
     assert plan.conversation == tuple(history)
 
 
+def test_any_tool_that_ends_the_turn_waits_at_the_tail() -> None:
+    """Which tools end a turn is the registry's to say (`Tool.ends_turn`), not a name the
+    planner knows: a plug-in's tool waits like ask_user, and ask_user only when it is named."""
+    a = assistant("", call("c1", "approve", amount=3))
+    history: list[Message] = [user(), a, result("c1", "approve", "sent for approval")]
+    plan = plan_resume(history, ends_turn={"ask_user", "approve"})
+    assert (plan.kind, plan.outcome) == ("already-complete", "waiting")
+    assert plan_resume(history).kind == "continue"  # by default only ask_user ends a turn
+    b = assistant("", call("c2", "ask_user", question="which?"))
+    asked: list[Message] = [user(), b, result("c2", "ask_user", "question sent")]
+    assert plan_resume(asked, ends_turn={"approve"}).kind == "continue"
+
+
 def test_ask_user_that_errored_is_not_complete() -> None:
     a = assistant("", call("c1", "ask_user"))
     history: list[Message] = [user(), a, result("c1", "ask_user", "invalid arguments", error=True)]

@@ -604,3 +604,4 @@ def test_default_registry_has_builtins_and_ends_turn_only_for_ask_user() -> None
     for name in ("sleep", "put_note", "get_note", "ask_user"):
         assert registry.get(name) is not None
     assert [t.name for t in registry.select(None) if t.ends_turn] == ["ask_user"]
+    assert registry.turn_enders() == {"ask_user"}

@@ -5,13 +5,13 @@ A new lease holder plans before it calls the model:
 - `continue`: strip trailing assistant frames that are empty or interrupted, answer every tool
   call left without a result (the ids come back as `repaired_tool_calls`, and the runner makes
   each answer durable), then call the model.
-- `already-complete`: the transcript ends in a final answer, or in a successful `ask_user`:
-  settle without calling the model.
+- `already-complete`: the transcript ends in a final answer, or in a successful call of a tool
+  that ends the turn (`ask_user`): settle without calling the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,7 +93,9 @@ def repair(conversation: Sequence[Message]) -> tuple[list[Message], list[ToolRes
     return repaired, synthetic
 
 
-def plan_resume(history: Sequence[Message]) -> ResumePlan:
+def plan_resume(history: Sequence[Message], ends_turn: Collection[str] = (ASK_USER,)) -> ResumePlan:
+    """`ends_turn`: names of the tools after whose successful result the session waits for the
+    user (the registry's `Tool.ends_turn`), as the runner does after running one."""
     messages = list(history)
     # Trailing frames are judged as they stand once results are in place: a result logged
     # later (a durable repair, a reordering) or an orphan result neither shields nor exposes one.
@@ -117,7 +119,7 @@ def plan_resume(history: Sequence[Message]) -> ResumePlan:
         outcome: Outcome | None = "succeeded"
     elif (
         isinstance(tail, ToolResult)
-        and tail.name == ASK_USER
+        and tail.name in ends_turn
         and not tail.is_error
         and not tail.interrupted
     ):

@@ -151,7 +151,7 @@ class Run:
             rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
         self.read_seq = max((int(r["seq"]) for r in rows), default=0)
         history = undelivered_last(conversation_from_events(rows), self.row["delivered_seq"])
-        plan = plan_resume(history)
+        plan = plan_resume(history, self.ctx.registry.turn_enders())
         self.conversation = list(plan.conversation)
         self.not_rerun = self.interrupted_side_effects(plan)
         ran_before = any(r["type"] in _RUN_EVENTS for r in rows)

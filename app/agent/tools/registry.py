@@ -90,6 +90,10 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def turn_enders(self) -> frozenset[str]:
+        """Names of the tools after which the session waits for the user."""
+        return frozenset(name for name, tool in self._tools.items() if tool.ends_turn)
+
     def select(self, names: list[str] | None) -> list[Tool]:
         """The tools a session may use: the named ones (unknown names ignored), or all."""
         if names is None:

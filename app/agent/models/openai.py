@@ -9,10 +9,17 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse
 
-from app.agent.conversation import AssistantMessage, Message, ToolCall, ToolResult, UserMessage
+from app.agent.conversation import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
 from app.agent.models.base import DeltaSink, ModelError, ModelRequest, ToolSpec
 
-FINISH_REASONS = {
+FINISH_REASONS: dict[str, StopReason] = {
     "stop": "stop",
     "tool_calls": "tool_use",
     "function_call": "tool_use",
@@ -126,4 +133,4 @@ class OpenAIModel:
             for index, slot in sorted(calls.items())
         )
         stop = FINISH_REASONS.get(finish, "error")
-        return AssistantMessage(text="".join(text), tool_calls=tool_calls, stop_reason=stop)  # type: ignore[arg-type]
+        return AssistantMessage(text="".join(text), tool_calls=tool_calls, stop_reason=stop)

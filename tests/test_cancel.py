@@ -91,6 +91,40 @@ async def test_cancel_mid_tool_aborts_the_sleep(
     assert statuses == ["running", "cancelled"]
 
 
+async def test_delete_cancels_a_running_session_first(
+    api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
+) -> None:
+    """SPEC: DELETE "cancels it first if not terminal". The 204 comes once the run has
+    settled, so nothing follows `session_deleted` on the owner feed, and the session's log
+    ends in `session_end {cancelled}`."""
+    await ready(start_worker())
+    async with client(api.url, key) as http:
+        sid = await new_session(http, script=SLEEP_30)
+        await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")
+        started = time.monotonic()
+        assert (await http.delete(f"/api/agent/{sid}")).status_code == 204
+        assert time.monotonic() - started < 2.0
+        assert_problem(await http.get(f"/api/agent/{sid}"), 404, "SESSION_NOT_FOUND")
+    await asyncio.sleep(0.5)  # room for anything written late to show up
+    owner_events = await query(
+        isolated_db,
+        "SELECT type, data FROM owner_events WHERE session_id = %s ORDER BY id",
+        (sid,),
+    )
+    assert [(e["type"], e["data"].get("status")) for e in owner_events][-3:] == [
+        ("session_cancel_requested", None),
+        ("session_status", "cancelled"),
+        ("session_deleted", None),
+    ]
+    events = await query(
+        isolated_db,
+        "SELECT type, data FROM session_events WHERE session_id = %s ORDER BY seq",
+        (sid,),
+    )
+    assert events[-1]["type"] == "session_end"
+    assert events[-1]["data"]["status"] == "cancelled"
+
+
 async def test_cancel_mid_stream_keeps_the_partial_answer_as_aborted(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:

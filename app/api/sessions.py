@@ -165,9 +165,19 @@ async def rename_session(
     status_code=status.HTTP_204_NO_CONTENT,
     responses=_ERRORS,
 )
-async def delete_session(session_id: str, owner: Owner, db: DatabaseDep) -> Response:
-    async with db.transaction() as conn:
-        await session_store.soft_delete(conn, owner, parse_session_id(session_id))
+async def delete_session(session_id: str, owner: Owner, services: ServicesDep) -> Response:
+    """Cancels first: a running session's holder is asked to stop, and the delete waits for
+    it to settle (FERRYMAN_CANCEL_WAIT_SECONDS at most), so its last events (`session_end`,
+    `session_status` cancelled) come before `session_deleted`, never after."""
+    sid = parse_session_id(session_id)
+    async with services.db.transaction() as conn:
+        row = await session_store.get_session(conn, owner, sid, for_update=True)
+        if Status(row["status"]) not in TERMINAL:
+            row = await session_store.request_cancel(conn, owner, sid)
+    if Status(row["status"]) not in TERMINAL:
+        await _wait_terminal(services, owner, sid, services.settings.cancel_wait_seconds)
+    async with services.db.transaction() as conn:
+        await session_store.soft_delete(conn, owner, sid)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.domain import MODEL_NAME_PATTERN
 
 
 def default_data_dir() -> Path:
@@ -57,9 +59,19 @@ class Settings(BaseSettings):
     tool_timeout: float = 600.0
     # Extra tools as comma-separated `module:attribute` (a Tool or a list of Tools).
     tool_modules: str = ""
-    model: str = "scripted"
-    openai_base_url: str = "https://api.openai.com/v1"
-    openai_api_key: str | None = None
+    model: str = Field(default="scripted", pattern=MODEL_NAME_PATTERN)
+    openai_base_url: str | None = None  # None: the openai SDK's default (or OPENAI_BASE_URL)
+    openai_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    anthropic_api_key: SecretStr | None = None
+    anthropic_max_tokens: int = Field(default=8192, ge=1)
+    model_idle_timeout: float = Field(default=60.0, gt=0)
+    model_connect_timeout: float = Field(default=10.0, gt=0)
+    model_max_retries: int = Field(default=4, ge=0, le=100)
+    model_retry_initial_delay: float = Field(default=1.0, ge=0)
+    model_retry_max_delay: float = Field(default=60.0, ge=0)
+    # A TOML or JSON file listing MCP servers whose tools the agent may use.
+    mcp_servers: Path | None = None
 
     # Streams.
     ping_interval: float = 15.0
@@ -77,6 +89,9 @@ class Settings(BaseSettings):
     deleted_session_retention_days: float = 30.0
     idempotency_key_retention_hours: float = 24.0
     retention_interval: float = 3600.0
+
+    def tool_module_specs(self) -> list[str]:
+        return [m.strip() for m in self.tool_modules.split(",") if m.strip()]
 
     @property
     def auth_mode(self) -> Literal["local", "keys"]:

@@ -34,6 +34,10 @@ MAX_METADATA_BYTES = 16_384
 MAX_JSON_DEPTH = 32
 MAX_SCRIPT_TURNS = 200
 MAX_TOOLS = 64
+MAX_INSTRUCTIONS_CHARS = 100_000
+# `scripted`, `openai:<model>` or `anthropic:<model>`.
+MODEL_NAME_PATTERN = r"^(scripted|(openai|anthropic):[A-Za-z0-9._:/@-]{1,200})$"
+MAX_STOP_SEQUENCES = 4
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_TITLE_CHARS = 80
 
@@ -62,6 +66,9 @@ class SessionEventType(StrEnum):
     TOOL_CALL_START = "tool_call_start"
     TOOL_RESULT = "tool_result"
     USER_QUESTION = "user_question"
+    MODEL_RETRY = "model_retry"
+    TOOL_APPROVAL_REQUESTED = "tool_approval_requested"
+    TOOL_APPROVAL_DECIDED = "tool_approval_decided"
     SESSION_INTERRUPTED = "session_interrupted"
     SESSION_END = "session_end"
 
@@ -99,4 +106,12 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),
         "metadata": row["metadata"],
+        "instructions": row["instructions"],
+        "modelSettings": row["model_settings"],
+        "approvalRequired": row["approval_required"] or [],
+        "usage": {
+            "inputTokens": row["input_tokens"],
+            "outputTokens": row["output_tokens"],
+            "cachedTokens": row["cached_tokens"],
+        },
     }

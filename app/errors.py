@@ -43,6 +43,10 @@ class IdempotencyKeyReused(FerrymanError):
         )
 
 
+class ApprovalNotPending(FerrymanError):
+    status, code, title = 409, "APPROVAL_NOT_PENDING", "Conflict"
+
+
 class InvalidCursor(FerrymanError):
     status, code, title = 400, "INVALID_CURSOR", "Bad Request"
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from app import __version__
-from app.api import ops, problems, sessions, streams
+from app.api import ops, problems, sessions, streams, tools
 from app.api.middleware import BodyLimit, RequestMetrics
 from app.config import Settings, get_settings
 from app.db import bootstrap
@@ -86,6 +86,7 @@ def create_app(
     problems.install(app)
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)
+    app.include_router(tools.router)
     app.include_router(ops.router)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from app.agent.tools import ToolRegistry
 from app.bus import Bus
 from app.config import Settings
 from app.db.pool import Database
@@ -20,6 +21,7 @@ class Services:
     hub: FeedHub
     slots: StreamSlots
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+    _local_tools: ToolRegistry | None = None
 
     @classmethod
     def create(cls, settings: Settings, database_url: str) -> Services:
@@ -33,6 +35,13 @@ class Services:
         hub = FeedHub(bus, poll_interval=settings.poll_interval)
         slots = StreamSlots(settings.max_streams_per_owner)
         return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots)
+
+    def local_tools(self) -> ToolRegistry:
+        """The built-in and plug-in tools this process loads (MCP servers' tools come only
+        from workers, which hold their connections)."""
+        if self._local_tools is None:
+            self._local_tools = ToolRegistry.default(self.settings.tool_module_specs())
+        return self._local_tools
 
     async def start(self) -> None:
         await self.db.open()

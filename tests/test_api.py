@@ -38,6 +38,10 @@ SESSION_FIELDS = {
     "createdAt",
     "updatedAt",
     "metadata",
+    "instructions",
+    "modelSettings",
+    "approvalRequired",
+    "usage",
 }
 ENVELOPE_FIELDS = {"id", "type", "sessionId", "ownerId", "ts", "phase", "seq", "attempt", "data"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")

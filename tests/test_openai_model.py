@@ -1,138 +1,48 @@
-"""The OpenAI-compatible adapter against a real local HTTP server.
-
-A tiny fake chat-completions endpoint runs under uvicorn in a background thread on an ephemeral
-127.0.0.1 port and streams `data: {...}` chunks the way OpenAI does.
-"""
+"""The OpenAI-compatible adapter (on the `openai` SDK) against a real local HTTP server that
+answers as OpenAI does, and misbehaves as real servers do (tests/fake_provider.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from app.agent.conversation import AssistantMessage, ToolCall, ToolResult, UserMessage
-from app.agent.models import ModelError, ModelRequest, make_model
+from app.agent.conversation import AssistantMessage, ToolCall, ToolResult, Usage, UserMessage
+from app.agent.models import ModelFault, ModelRequest, ModelSettings, ProviderConfig, Providers
 from app.agent.models.base import ToolSpec
 from app.agent.models.openai import (
     FINISH_REASONS,
     OpenAIModel,
+    max_tokens_field,
+    settings_arguments,
     to_openai_messages,
     to_openai_tools,
 )
-
-# --- the fake provider ----------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    """One scripted answer: SSE lines (each sent as `data: <line>`), or an HTTP error."""
-
-    lines: list[str] = field(default_factory=list)
-    status: int = 200
-    body: str = ""
-    content_type: str = "text/event-stream"
-    pause: float = 0.0  # between chunks, so the client reads them one by one
-
-
-@dataclass
-class Seen:
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-class FakeProvider:
-    def __init__(self) -> None:
-        self.replies: deque[Reply] = deque()
-        self.requests: list[Seen] = []
-        self.url = ""
-
-    def reset(self) -> None:
-        self.replies.clear()
-        self.requests.clear()
-
-    def answer(self, reply: Reply) -> None:
-        self.replies.append(reply)
-
-    async def completions(self, request: Request) -> Response:
-        self.requests.append(
-            Seen(request.url.path, dict(request.headers), json.loads(await request.body()))
-        )
-        reply = self.replies.popleft() if self.replies else Reply(status=503, body="no reply")
-        if reply.status != 200:
-            return JSONResponse({"error": {"message": reply.body}}, status_code=reply.status)
-        if reply.content_type != "text/event-stream":
-            return Response(reply.body, media_type=reply.content_type)
-
-        async def stream() -> AsyncIterator[str]:
-            import asyncio
-
-            for line in reply.lines:
-                yield f"data: {line}\n\n"
-                if reply.pause:
-                    await asyncio.sleep(reply.pause)
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])])
+from tests.fake_provider import (
+    DONE,
+    FakeProvider,
+    Frame,
+    Reply,
+    chunk,
+    error_reply,
+    serving,
+    text_reply,
+    usage_chunk,
+)
 
 
 @pytest.fixture(scope="module")
 def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
-    config = uvicorn.Config(
-        fake.app(), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="fake-openai", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "fake provider failed to start"
-        assert time.monotonic() < deadline, "fake provider did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    fake.url = f"http://127.0.0.1:{port}/v1"
-    yield fake
-    server.should_exit = True
-    thread.join(10)
+    with serving() as fake:
+        yield fake
 
 
 @pytest.fixture
 def fake(provider: FakeProvider) -> FakeProvider:
     provider.reset()
     return provider
-
-
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> str:
-    return json.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion.chunk",
-            "model": "fake",
-            "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}],
-        }
-    )
-
-
-def text_reply(*pieces: str, finish: str = "stop") -> Reply:
-    lines = [chunk({"role": "assistant", "content": ""})]
-    lines += [chunk({"content": p}) for p in pieces]
-    lines += [chunk(finish=finish), "[DONE]"]
-    return Reply(lines)
 
 
 class Deltas:
@@ -146,22 +56,40 @@ class Deltas:
 PROMPT = ModelRequest((UserMessage("hello"),), ())
 
 
+def model(fake: FakeProvider, *, api_key: str | None = None, idle: float = 10.0) -> OpenAIModel:
+    config = ProviderConfig(openai_base_url=fake.openai_url, openai_api_key=api_key)
+    built = Providers(config).model("openai:fake-model", None)
+    assert isinstance(built, OpenAIModel)
+    built.idle_timeout = idle
+    return built
+
+
 async def complete(
-    fake: FakeProvider, request: ModelRequest = PROMPT, api_key: str | None = None
+    fake: FakeProvider, request: ModelRequest = PROMPT, **options: Any
 ) -> tuple[AssistantMessage, Deltas]:
     deltas = Deltas()
-    reply = await OpenAIModel("fake-model", fake.url, api_key).complete(request, deltas)
+    reply = await model(fake, **options).complete(request, deltas)
     return reply, deltas
+
+
+async def fault(fake: FakeProvider, request: ModelRequest = PROMPT, **options: Any) -> ModelFault:
+    with pytest.raises(ModelFault) as raised:
+        await complete(fake, request, **options)
+    return raised.value
 
 
 # --- text -----------------------------------------------------------------------------------
 
 
-async def test_text_is_streamed_and_returned(fake: FakeProvider) -> None:
-    fake.answer(text_reply("Hel", "lo, ", "world", "!"))
-    reply, deltas = await complete(fake)
+async def test_text_is_streamed_and_returned_with_usage(fake: FakeProvider) -> None:
+    reply = text_reply("Hel", "lo, ", "world", "!")
+    reply.frames.insert(-1, usage_chunk(12, 4, cached=8))
+    fake.answer(reply)
+    answer, deltas = await complete(fake)
     assert deltas.pieces == ["Hel", "lo, ", "world", "!"]
-    assert reply == AssistantMessage("Hello, world!", (), "stop")
+    assert answer == AssistantMessage("Hello, world!", (), "stop")
+    assert answer.usage == Usage(12, 4, 8)
+    assert answer.wire()["usage"] == {"inputTokens": 12, "outputTokens": 4, "cachedTokens": 8}
 
 
 async def test_deltas_arrive_while_the_stream_is_open(fake: FakeProvider) -> None:
@@ -173,76 +101,83 @@ async def test_deltas_arrive_while_the_stream_is_open(fake: FakeProvider) -> Non
     async def on_delta(text: str) -> None:
         stamps.append(time.monotonic())
 
-    started = time.monotonic()
-    await OpenAIModel("m", fake.url, None).complete(PROMPT, on_delta)
+    await model(fake).complete(PROMPT, on_delta)
     finished = time.monotonic()
     assert len(stamps) == 3
-    # The first delta is handed on before the stream ends.
-    assert finished - stamps[0] >= 0.15
-    assert finished - started >= 0.3
+    assert finished - stamps[0] >= 0.15  # the first delta is handed on before the end
 
 
 async def test_request_basics(fake: FakeProvider) -> None:
     fake.answer(text_reply("ok"))
-    await complete(fake)
+    await complete(fake, ModelRequest((UserMessage("hello"),), (), "Be brief."))
     (seen,) = fake.requests
     assert seen.path == "/v1/chat/completions"
     assert seen.body["model"] == "fake-model"
     assert seen.body["stream"] is True
-    assert seen.body["messages"] == [{"role": "user", "content": "hello"}]
-    assert "tools" not in seen.body
-    assert "authorization" not in seen.headers
-    assert seen.headers["content-type"] == "application/json"
-    assert "text/event-stream" in seen.headers["accept"]
+    assert seen.body["stream_options"] == {"include_usage": True}
+    assert seen.body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+    ]
+    assert "tools" not in seen.body and "tool_choice" not in seen.body
+    # No retries of the SDK's own: the runner retries, and says so.
+    assert seen.headers.get("x-stainless-retry-count") in (None, "0")
 
 
-async def test_api_key_is_sent_as_a_bearer_token(fake: FakeProvider) -> None:
-    fake.answer(text_reply("ok"))
+async def test_the_api_key_is_a_bearer_token(fake: FakeProvider) -> None:
+    fake.answer(text_reply("ok"), text_reply("ok"))
     await complete(fake, api_key="sk-test-123")
+    await complete(fake)
     assert fake.requests[0].headers["authorization"] == "Bearer sk-test-123"
+    # A keyless server still gets a request (the SDK insists on some key).
+    assert fake.requests[1].headers["authorization"] == "Bearer unused"
 
 
-async def test_trailing_slash_in_the_base_url(fake: FakeProvider) -> None:
+async def test_model_settings_are_passed_through(fake: FakeProvider) -> None:
+    settings = ModelSettings(
+        temperature=0.2,
+        top_p=0.9,
+        max_tokens=64,
+        tool_choice="get_note",
+        parallel_tool_calls=False,
+        stop=("END",),
+        reasoning_effort="low",
+    )
     fake.answer(text_reply("ok"))
-    reply = await OpenAIModel("m", fake.url + "/", None).complete(PROMPT, Deltas())
-    assert reply.text == "ok"
-    assert fake.requests[0].path == "/v1/chat/completions"
+    await complete(fake, ModelRequest((UserMessage("hi"),), TOOLS, None, settings))
+    body = fake.requests[0].body
+    assert body["temperature"] == 0.2
+    assert body["top_p"] == 0.9
+    assert body["max_tokens"] == 64 and "max_completion_tokens" not in body
+    assert body["stop"] == ["END"]
+    assert body["reasoning_effort"] == "low"
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_note"}}
+    assert body["parallel_tool_calls"] is False
 
 
-async def test_make_model_builds_the_adapter(fake: FakeProvider) -> None:
-    fake.answer(text_reply("via make_model"))
-    model = make_model("openai:gpt-test", None, openai_base_url=fake.url, openai_api_key="k")
-    assert isinstance(model, OpenAIModel)
-    reply = await model.complete(PROMPT, Deltas())
-    assert reply.text == "via make_model"
-    assert fake.requests[0].body["model"] == "gpt-test"
-    assert fake.requests[0].headers["authorization"] == "Bearer k"
+def test_settings_without_tools_leave_tool_options_out() -> None:
+    settings = ModelSettings(tool_choice="required", parallel_tool_calls=True)
+    assert settings_arguments(settings, has_tools=False, max_tokens_field="max_tokens") == {}
+    assert settings_arguments(settings, has_tools=True, max_tokens_field="max_tokens") == {
+        "tool_choice": "required",
+        "parallel_tool_calls": True,
+    }
 
 
-# --- finish reasons -------------------------------------------------------------------------
+def test_openai_itself_gets_max_completion_tokens() -> None:
+    assert max_tokens_field("https://api.openai.com/v1") == "max_completion_tokens"
+    assert max_tokens_field("http://127.0.0.1:8080/v1") == "max_tokens"
+    assert max_tokens_field("http://localhost:11434/v1") == "max_tokens"
 
 
 @pytest.mark.parametrize(
-    ("finish", "expected"),
-    [
-        ("stop", "stop"),
-        ("tool_calls", "tool_use"),
-        ("function_call", "tool_use"),
-        ("length", "length"),
-        ("content_filter", "error"),
-        ("something_new", "error"),
-    ],
+    ("finish", "expected"), [("stop", "stop"), ("tool_calls", "tool_use"), ("length", "length")]
 )
-async def test_finish_reason_mapping(fake: FakeProvider, finish: str, expected: str) -> None:
+async def test_finish_reasons(fake: FakeProvider, finish: str, expected: str) -> None:
     fake.answer(text_reply("x", finish=finish))
     reply, _ = await complete(fake)
     assert reply.stop_reason == expected
-
-
-def test_finish_reason_table_matches_the_spec() -> None:
-    assert FINISH_REASONS["stop"] == "stop"
-    assert FINISH_REASONS["tool_calls"] == "tool_use"
-    assert FINISH_REASONS["length"] == "length"
+    assert FINISH_REASONS[finish] == expected
 
 
 # --- tool calls -----------------------------------------------------------------------------
@@ -250,7 +185,7 @@ def test_finish_reason_table_matches_the_spec() -> None:
 
 def tool_call_reply() -> Reply:
     """Two calls, split across chunks the way OpenAI streams them."""
-    lines = [
+    frames = [
         chunk({"role": "assistant", "content": None}),
         chunk({"content": "Let me check."}),
         chunk(
@@ -282,9 +217,9 @@ def tool_call_reply() -> Reply:
         ),
         chunk({"tool_calls": [{"index": 1, "function": {"arguments": ": 2.5}"}}]}),
         chunk(finish="tool_calls"),
-        "[DONE]",
+        DONE,
     ]
-    return Reply(lines)
+    return Reply(frames)
 
 
 async def test_tool_calls_are_assembled(fake: FakeProvider) -> None:
@@ -300,65 +235,94 @@ async def test_tool_calls_are_assembled(fake: FakeProvider) -> None:
 
 
 async def test_interleaved_tool_call_chunks_are_sorted_by_index(fake: FakeProvider) -> None:
-    lines = [
+    frames = [
         chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "get_note"}}]}),
         chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "sleep"}}]}),
         chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"key":'}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"seconds": 1}'}}]}),
         chunk({"tool_calls": [{"index": 1, "function": {"arguments": ' "n"}'}}]}),
         chunk(finish="tool_calls"),
-        "[DONE]",
+        DONE,
     ]
-    fake.answer(Reply(lines))
+    fake.answer(Reply(frames))
     reply, deltas = await complete(fake)
-    assert deltas.pieces == []
-    assert reply.text == ""
+    assert deltas.pieces == [] and reply.text == ""
     assert reply.tool_calls == (
         ToolCall("a", "sleep", {"seconds": 1}),
         ToolCall("b", "get_note", {"key": "n"}),
     )
 
 
-async def test_invalid_json_arguments_do_not_crash(fake: FakeProvider) -> None:
-    lines = [
+async def test_a_name_repeated_in_every_chunk_is_one_name(fake: FakeProvider) -> None:
+    """llama-cpp-python repeats the whole name in each chunk of a call."""
+    frames = [
+        chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "get_note"}}]}),
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 0, "function": {"name": "get_note", "arguments": '{"key": '}}
+                ]
+            }
+        ),
+        chunk(
+            {"tool_calls": [{"index": 0, "function": {"name": "get_note", "arguments": '"k"}'}}]}
+        ),
+        chunk(finish="tool_calls"),
+        DONE,
+    ]
+    fake.answer(Reply(frames))
+    reply, _ = await complete(fake)
+    assert reply.tool_calls == (ToolCall("c", "get_note", {"key": "k"}),)
+
+
+async def test_a_name_streamed_in_pieces_is_joined(fake: FakeProvider) -> None:
+    frames = [
+        chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "get_"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"name": "note", "arguments": "{}"}}]}),
+        chunk(finish="tool_calls"),
+        DONE,
+    ]
+    fake.answer(Reply(frames))
+    reply, _ = await complete(fake)
+    assert reply.tool_calls == (ToolCall("c", "get_note", {}),)
+
+
+async def test_arguments_that_are_not_an_object_are_kept_as_written(fake: FakeProvider) -> None:
+    frames = [
         chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "sleep"}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"seconds": 1'}}]}),
         chunk({"tool_calls": [{"index": 1, "id": "c2", "function": {"name": "get_note"}}]}),
         chunk({"tool_calls": [{"index": 1, "function": {"arguments": "[1, 2]"}}]}),
         chunk({"tool_calls": [{"index": 2, "id": "c3", "function": {"name": "ask_user"}}]}),
         chunk(finish="tool_calls"),
-        "[DONE]",
+        DONE,
     ]
-    fake.answer(Reply(lines))
+    fake.answer(Reply(frames))
     reply, _ = await complete(fake)
-    assert reply.stop_reason == "tool_use"
-    assert [c.arguments for c in reply.tool_calls] == [
-        {"_unparsed": '{"seconds": 1'},
-        {"_value": [1, 2]},
-        {},  # no arguments at all
+    assert [(c.arguments, c.invalid_arguments) for c in reply.tool_calls] == [
+        ({}, '{"seconds": 1'),
+        ({}, "[1, 2]"),
+        ({}, None),  # no arguments at all: an empty object
     ]
+    assert reply.tool_calls[0].wire()["invalidArguments"] == '{"seconds": 1'
 
 
 async def test_calls_without_ids_get_unique_ids(fake: FakeProvider) -> None:
-    # Some OpenAI-compatible servers leave ids out. Ids must still be unique across turns, or
-    # results would be matched to the wrong call when the transcript is rebuilt.
     def no_ids() -> Reply:
         return Reply(
             [
                 chunk({"tool_calls": [{"index": 0, "function": {"name": "sleep"}}]}),
                 chunk({"tool_calls": [{"index": 1, "function": {"name": "sleep"}}]}),
                 chunk(finish="tool_calls"),
-                "[DONE]",
+                DONE,
             ]
         )
 
-    fake.answer(no_ids())
-    fake.answer(no_ids())
+    fake.answer(no_ids(), no_ids())
     first, _ = await complete(fake)
     second, _ = await complete(fake)
     ids = [c.id for c in (*first.tool_calls, *second.tool_calls)]
-    assert all(ids)
-    assert len(set(ids)) == 4
+    assert all(ids) and len(set(ids)) == 4
 
 
 # --- what is sent ---------------------------------------------------------------------------
@@ -380,12 +344,12 @@ async def test_conversation_and_tools_are_converted(fake: FakeProvider) -> None:
             "",
             (
                 ToolCall("c1", "put_note", {"key": "k", "text": "v"}),
-                ToolCall("c2", "sleep", {"seconds": 1}),
+                ToolCall("c2", "sleep", {}, '{"seconds": one}'),
             ),
             "tool_use",
         ),
         ToolResult("c1", "put_note", "saved note 'k'"),
-        ToolResult("c2", "sleep", "worker interrupted", is_error=True, interrupted=True),
+        ToolResult("c2", "sleep", "invalid arguments", is_error=True),
         AssistantMessage("Done, I saved it.", (), "stop"),
         UserMessage("thanks"),
     )
@@ -395,8 +359,9 @@ async def test_conversation_and_tools_are_converted(fake: FakeProvider) -> None:
     assert body["messages"] == [
         {"role": "user", "content": "save a note"},
         {
+            # Never `null`: some servers (llama-cpp-python) answer 500 to that.
             "role": "assistant",
-            "content": None,
+            "content": "",
             "tool_calls": [
                 {
                     "id": "c1",
@@ -406,37 +371,29 @@ async def test_conversation_and_tools_are_converted(fake: FakeProvider) -> None:
                 {
                     "id": "c2",
                     "type": "function",
-                    "function": {"name": "sleep", "arguments": '{"seconds": 1}'},
+                    # The model is shown what it wrote, not a re-wrapped object.
+                    "function": {"name": "sleep", "arguments": '{"seconds": one}'},
                 },
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "saved note 'k'"},
-        {"role": "tool", "tool_call_id": "c2", "content": "worker interrupted"},
+        {"role": "tool", "tool_call_id": "c2", "content": "invalid arguments"},
         {"role": "assistant", "content": "Done, I saved it."},
         {"role": "user", "content": "thanks"},
     ]
-    assert body["tools"] == [
-        {
-            "type": "function",
-            "function": {
-                "name": "sleep",
-                "description": "Wait.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"seconds": {"type": "number"}},
-                    "required": [],
-                },
+    assert body["tools"] == to_openai_tools(TOOLS)
+    assert body["tools"][0] == {
+        "type": "function",
+        "function": {
+            "name": "sleep",
+            "description": "Wait.",
+            "parameters": {
+                "type": "object",
+                "properties": {"seconds": {"type": "number"}},
+                "required": [],
             },
         },
-        {
-            "type": "function",
-            "function": {
-                "name": "get_note",
-                "description": "Read a note.",
-                "parameters": {"type": "object", "properties": {}},
-            },
-        },
-    ]
+    }
 
 
 def test_converters_are_pure() -> None:
@@ -448,46 +405,140 @@ def test_converters_are_pure() -> None:
     assert converted["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
-# --- failures -------------------------------------------------------------------------------
+# --- faults ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [400, 401, 429, 500, 503])
-async def test_http_error_raises_model_error_with_the_status(
-    fake: FakeProvider, status: int
+@pytest.mark.parametrize(
+    ("status", "kind", "code"),
+    [
+        (429, "rate_limited", "MODEL_UNAVAILABLE"),
+        (500, "server_error", "MODEL_UNAVAILABLE"),
+        (503, "server_error", "MODEL_UNAVAILABLE"),
+        (400, "bad_request", "MODEL_BAD_REQUEST"),
+        (401, "auth_failed", "MODEL_AUTH_FAILED"),
+        (403, "auth_failed", "MODEL_AUTH_FAILED"),
+        (404, "not_found", "MODEL_NOT_FOUND"),
+    ],
+)
+async def test_http_errors_become_faults(
+    fake: FakeProvider, status: int, kind: str, code: str
 ) -> None:
-    fake.answer(Reply(status=status, body="the provider is unhappy"))
+    fake.answer(error_reply(status, "the provider is unhappy"))
     deltas = Deltas()
-    with pytest.raises(ModelError) as raised:
-        await OpenAIModel("m", fake.url, None).complete(PROMPT, deltas)
-    assert str(status) in str(raised.value)
-    assert "the provider is unhappy" in str(raised.value)
+    with pytest.raises(ModelFault) as raised:
+        await model(fake).complete(PROMPT, deltas)
+    assert raised.value.kind == kind and raised.value.code == code
+    assert raised.value.status == status
+    assert "the provider is unhappy" in raised.value.message
     assert deltas.pieces == []
 
 
-async def test_error_chunk_in_the_stream_raises_model_error(fake: FakeProvider) -> None:
-    lines = [
+async def test_retry_after_is_read(fake: FakeProvider) -> None:
+    fake.answer(error_reply(429, "slow down", **{"retry-after": "7"}))
+    assert (await fault(fake)).retry_after == 7
+    fake.answer(error_reply(429, "slow down", **{"retry-after-ms": "1500", "retry-after": "9"}))
+    assert (await fault(fake)).retry_after == 1.5
+
+
+async def test_context_overflow_is_its_own_fault(fake: FakeProvider) -> None:
+    body = {
+        "error": {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+        }
+    }
+    fake.answer(Reply(status=400, body=body))
+    raised = await fault(fake)
+    assert raised.kind == "context_too_long" and raised.code == "MODEL_CONTEXT_TOO_LONG"
+
+
+async def test_a_stream_cut_off_without_a_finish_reason_is_a_fault(fake: FakeProvider) -> None:
+    """A bare `[DONE]` after half an answer is not a finished turn."""
+    fake.answer(text_reply("half of the ans", finish=None))
+    deltas = Deltas()
+    with pytest.raises(ModelFault) as raised:
+        await model(fake).complete(PROMPT, deltas)
+    assert raised.value.kind == "truncated" and raised.value.retryable
+    assert deltas.pieces == ["half of the ans"]
+
+
+async def test_an_empty_answer_is_a_fault(fake: FakeProvider) -> None:
+    """llama-cpp-python answers a context overflow with an empty 200 stream."""
+    fake.answer(Reply([]))
+    assert (await fault(fake)).kind == "truncated"
+
+
+async def test_a_dropped_connection_is_a_fault(fake: FakeProvider) -> None:
+    reply = text_reply("a", "b", "c")
+    reply.drop_after = 2
+    fake.answer(reply)
+    assert (await fault(fake)).kind == "connection_error"
+
+
+async def test_a_refused_connection_is_a_fault() -> None:
+    config = ProviderConfig(openai_base_url="http://127.0.0.1:9/v1")
+    broken = Providers(config).model("openai:m", None)
+    with pytest.raises(ModelFault) as raised:
+        await broken.complete(PROMPT, Deltas())
+    assert raised.value.kind == "connection_error" and raised.value.retryable
+
+
+async def test_a_stalled_stream_is_a_fault(fake: FakeProvider) -> None:
+    reply = text_reply("a", "b")
+    reply.stall_after, reply.stall = 2, 3.0
+    fake.answer(reply)
+    started = time.monotonic()
+    raised = await fault(fake, idle=0.3)
+    assert raised.kind == "idle_timeout" and raised.retryable
+    assert time.monotonic() - started < 2.5
+
+
+async def test_an_error_chunk_mid_stream_is_a_fault(fake: FakeProvider) -> None:
+    frames = [
         chunk({"content": "partial"}),
-        json.dumps({"error": {"message": "upstream overloaded", "type": "server_error"}}),
+        Frame('{"error": {"message": "upstream overloaded", "type": "server_error"}}'),
     ]
-    fake.answer(Reply(lines))
-    with pytest.raises(ModelError, match="upstream overloaded"):
-        await complete(fake)
+    fake.answer(Reply(frames))
+    raised = await fault(fake)
+    assert raised.kind == "server_error" and "upstream overloaded" in raised.message
 
 
-async def test_non_streaming_answer_raises_model_error(fake: FakeProvider) -> None:
+async def test_a_bare_error_object_mid_stream_is_a_fault(fake: FakeProvider) -> None:
+    """Older vLLM sends `{"object": "error", ...}` as a chunk."""
+    frames = [Frame('{"object": "error", "message": "bad tool schema", "code": 400}')]
+    fake.answer(Reply(frames))
+    raised = await fault(fake)
+    assert raised.kind == "bad_request" and "bad tool schema" in raised.message
+
+
+async def test_a_non_streaming_answer_is_a_fault(fake: FakeProvider) -> None:
     fake.answer(Reply(body='{"choices": []}', content_type="application/json"))
-    with pytest.raises(ModelError, match="application/json"):
-        await complete(fake)
+    raised = await fault(fake)
+    assert raised.kind == "bad_request" and "application/json" in raised.message
 
 
-async def test_unreachable_endpoint_raises() -> None:
-    model = OpenAIModel("m", "http://127.0.0.1:9/v1", None)
-    with pytest.raises((httpx.HTTPError, ModelError)):
-        await model.complete(PROMPT, Deltas())
+async def test_a_content_filter_is_a_refusal(fake: FakeProvider) -> None:
+    fake.answer(text_reply("I will not", finish="content_filter"))
+    raised = await fault(fake)
+    assert raised.kind == "refused" and raised.code == "MODEL_REFUSED"
 
 
 async def test_chunks_without_choices_are_ignored(fake: FakeProvider) -> None:
-    usage = json.dumps({"id": "x", "choices": [], "usage": {"total_tokens": 3}})
-    fake.answer(Reply([chunk({"content": "hi"}), chunk(finish="stop"), usage, "[DONE]"]))
+    fake.answer(Reply([chunk({"content": "hi"}), chunk(finish="stop"), usage_chunk(3, 1), DONE]))
     reply, _ = await complete(fake)
     assert reply == AssistantMessage("hi", (), "stop")
+
+
+async def test_a_failed_turn_is_never_shown_to_the_model(fake: FakeProvider) -> None:
+    conversation = (
+        UserMessage("hello"),
+        AssistantMessage("model error: endpoint answered 500", (), "error"),
+        UserMessage("try again"),
+    )
+    fake.answer(text_reply("ok"))
+    await complete(fake, ModelRequest(conversation, ()))
+    assert fake.requests[0].body["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "user", "content": "try again"},
+    ]

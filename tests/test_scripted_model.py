@@ -20,7 +20,7 @@ from app.agent.conversation import (
     ToolResult,
     UserMessage,
 )
-from app.agent.models import ModelError, ModelRequest, make_model
+from app.agent.models import ModelFault, ModelRequest, ProviderConfig, Providers
 from app.agent.models.scripted import ScriptedModel, split_chunks
 from app.agent.resume import interrupted_result, plan_resume
 from app.agent.tools import Tool, ToolContext, ToolRegistry
@@ -156,12 +156,32 @@ async def test_no_script_echoes_the_prompt() -> None:
     assert deltas.pieces == ["You said: ping"]
 
 
-async def test_make_model_scripted() -> None:
-    model = make_model("scripted", None, openai_base_url="http://x", openai_api_key=None)
+async def test_providers_build_the_scripted_model() -> None:
+    providers = Providers(ProviderConfig())
+    model = providers.model("scripted", None)
     reply = await model.complete(ModelRequest((UserMessage("yo"),), ()), Deltas())
     assert reply.text == "You said: yo"
-    with pytest.raises(ModelError, match="unknown model"):
-        make_model("gpt", None, openai_base_url="http://x", openai_api_key=None)
+    for unknown in ("gpt", "openai:", "mistral:large"):
+        with pytest.raises(ModelFault, match="unknown model") as raised:
+            providers.model(unknown, None)
+        assert raised.value.code == "MODEL_NOT_FOUND"
+        assert not raised.value.retryable
+
+
+async def test_a_scripted_fault_fires_its_first_plays_after_the_text() -> None:
+    model = ScriptedModel(
+        [{"text": "partial", "fault": {"kind": "rate_limited", "times": 2, "retryAfterMs": 250}}]
+    )
+    request = ModelRequest((UserMessage("go"),), ())
+    for _ in range(2):
+        deltas = Deltas()
+        with pytest.raises(ModelFault) as raised:
+            await model.complete(request, deltas)
+        assert deltas.pieces == ["partial"]
+        assert raised.value.kind == "rate_limited" and raised.value.retry_after == 0.25
+        assert raised.value.retryable
+    reply = await model.complete(request, Deltas())
+    assert reply.text == "partial" and reply.stop_reason == "stop"
 
 
 # --- stop reasons ---------------------------------------------------------------------------

@@ -15,9 +15,31 @@ class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    # The model's arguments as it wrote them when they are not a JSON object: the call fails
+    # with a clear error, and the model is shown exactly what it sent.
+    invalid_arguments: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+        data = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.invalid_arguments is not None:
+            data["invalidArguments"] = self.invalid_arguments
+        return data
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens of one model turn, as the provider reported them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0  # of input_tokens, read from the provider's prompt cache
+
+    def wire(self) -> dict[str, int]:
+        return {
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+            "cachedTokens": self.cached_tokens,
+        }
 
 
 @dataclass(frozen=True)
@@ -32,17 +54,21 @@ class AssistantMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     stop_reason: StopReason = "stop"
     seq: int = 0
+    usage: Usage | None = field(default=None, compare=False)
 
     @property
     def is_empty(self) -> bool:
         return not self.text and not self.tool_calls
 
     def wire(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "text": self.text,
             "toolCalls": [call.wire() for call in self.tool_calls],
             "stopReason": self.stop_reason,
         }
+        if self.usage is not None:
+            data["usage"] = self.usage.wire()
+        return data
 
 
 @dataclass(frozen=True)
@@ -53,6 +79,7 @@ class ToolResult:
     is_error: bool = False
     interrupted: bool = False
     timed_out: bool = False
+    denied: bool = False
     seq: int = 0
 
     def wire(self) -> dict[str, Any]:
@@ -66,6 +93,8 @@ class ToolResult:
             data["interrupted"] = True
         if self.timed_out:
             data["timedOut"] = True
+        if self.denied:
+            data["denied"] = True
         return data
 
 
@@ -78,7 +107,12 @@ def message_from_event(type_: str, data: Mapping[str, Any], seq: int = 0) -> Mes
         return UserMessage(text=str(data.get("text", "")), seq=seq)
     if type_ == "assistant_message":
         calls = tuple(
-            ToolCall(str(c["id"]), str(c["name"]), dict(c.get("arguments") or {}))
+            ToolCall(
+                str(c["id"]),
+                str(c["name"]),
+                dict(c.get("arguments") or {}),
+                c.get("invalidArguments"),
+            )
             for c in data.get("toolCalls") or ()
         )
         return AssistantMessage(
@@ -95,6 +129,7 @@ def message_from_event(type_: str, data: Mapping[str, Any], seq: int = 0) -> Mes
             is_error=bool(data.get("isError", False)),
             interrupted=bool(data.get("interrupted", False)),
             timed_out=bool(data.get("timedOut", False)),
+            denied=bool(data.get("denied", False)),
             seq=seq,
         )
     return None
@@ -108,6 +143,17 @@ def conversation_from_events(events: Iterable[Mapping[str, Any]]) -> list[Messag
         if message is not None:
             messages.append(message)
     return messages
+
+
+def model_visible(conversation: Iterable[Message]) -> list[Message]:
+    """What a provider is shown: everything but failed turns. A turn that ended in an error
+    (a provider fault, a scripted `error`) is the runtime's business, never words the model
+    said; whatever it streamed before failing is not put in its mouth."""
+    return [
+        m
+        for m in conversation
+        if not (isinstance(m, AssistantMessage) and m.stop_reason == "error")
+    ]
 
 
 def last_user_text(conversation: Iterable[Message]) -> str:

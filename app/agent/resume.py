@@ -7,18 +7,23 @@ A new lease holder plans before it calls the model:
   each answer durable), then call the model.
 - `already-complete`: the transcript ends in a final answer, or in a successful call of a tool
   that ends the turn (`ask_user`): settle without calling the model.
+
+A call waiting for a person's approval (or approved and not started yet) is not an orphan: it
+is left unanswered, in `awaiting`, for the runner to settle (`app.agent.approvals`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from app.agent.approvals import Approval
 from app.agent.conversation import (
     INTERRUPTED_STOPS,
     AssistantMessage,
     Message,
+    ToolCall,
     ToolResult,
     UserMessage,
 )
@@ -41,6 +46,9 @@ class ResumePlan:
     stripped: int = 0
     # For `already-complete`: how the session settles.
     outcome: Outcome | None = None
+    # Calls left unanswered because they wait for approval (or were approved and never
+    # started), in call order.
+    awaiting: tuple[ToolCall, ...] = ()
 
     @property
     def repaired_tool_calls(self) -> list[str]:
@@ -63,9 +71,12 @@ def _is_discardable(message: Message) -> bool:
     )
 
 
-def repair(conversation: Sequence[Message]) -> tuple[list[Message], list[ToolResult]]:
+def repair(
+    conversation: Sequence[Message], held: Collection[str] = ()
+) -> tuple[list[Message], list[ToolResult]]:
     """Place each call's result right after its assistant message, in call order; answer
-    unanswered calls with a synthetic interrupted result; drop duplicate and orphan results.
+    unanswered calls with a synthetic interrupted result, except the `held` ones, which stay
+    unanswered; drop duplicate and orphan results.
 
     Returns the well-formed conversation and the synthetic results it added.
     """
@@ -86,6 +97,8 @@ def repair(conversation: Sequence[Message]) -> tuple[list[Message], list[ToolRes
                     continue  # a duplicate call id: answered once already
                 answered.add(call.id)
                 result = results.get(call.id)
+                if result is None and call.id in held:
+                    continue
                 if result is None:
                     result = interrupted_result(call.id, call.name)
                     synthetic.append(result)
@@ -93,9 +106,18 @@ def repair(conversation: Sequence[Message]) -> tuple[list[Message], list[ToolRes
     return repaired, synthetic
 
 
-def plan_resume(history: Sequence[Message], ends_turn: Collection[str] = (ASK_USER,)) -> ResumePlan:
+def plan_resume(
+    history: Sequence[Message],
+    ends_turn: Collection[str] = (ASK_USER,),
+    *,
+    approvals: Mapping[str, Approval] | None = None,
+    started: Collection[str] = (),
+) -> ResumePlan:
     """`ends_turn`: names of the tools after whose successful result the session waits for the
-    user (the registry's `Tool.ends_turn`), as the runner does after running one."""
+    user (the registry's `Tool.ends_turn`), as the runner does after running one.
+    `approvals`: the approvals requested so far, by call id; `started`: ids of the calls whose
+    tool began to run (`tool_call_start`)."""
+    approvals = approvals or {}
     messages = list(history)
     # Trailing frames are judged as they stand once results are in place: a result logged
     # later (a durable repair, a reordering) or an orphan result neither shields nor exposes one.
@@ -113,10 +135,25 @@ def plan_resume(history: Sequence[Message], ends_turn: Collection[str] = (ASK_US
     if not any(isinstance(m, AssistantMessage) for m in messages):
         users = tuple(m for m in messages if isinstance(m, UserMessage))
         return ResumePlan("start", users, stripped=stripped)
-    conversation, synthetic = repair(messages)
+    held = {
+        call_id
+        for call_id, approval in approvals.items()
+        if call_id not in answered and not (approval.approved and call_id in started)
+    }
+    conversation, synthetic = repair(messages, held)
+    awaiting = tuple(
+        call
+        for m in conversation
+        if isinstance(m, AssistantMessage)
+        for call in m.tool_calls
+        if call.id in held
+    )
     tail = conversation[-1]
-    if isinstance(tail, AssistantMessage):
-        outcome: Outcome | None = "succeeded"
+    outcome: Outcome | None
+    if awaiting:
+        outcome = None
+    elif isinstance(tail, AssistantMessage):
+        outcome = "succeeded"
     elif (
         isinstance(tail, ToolResult)
         and tail.name in ends_turn
@@ -132,6 +169,7 @@ def plan_resume(history: Sequence[Message], ends_turn: Collection[str] = (ASK_US
         repairs=tuple(synthetic),
         stripped=stripped,
         outcome=outcome,
+        awaiting=awaiting,
     )
 
 

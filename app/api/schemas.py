@@ -6,16 +6,19 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from app.domain import (
+    MAX_INSTRUCTIONS_CHARS,
     MAX_JSON_DEPTH,
     MAX_MESSAGE_CHARS,
     MAX_METADATA_BYTES,
     MAX_PROMPT_CHARS,
     MAX_SCRIPT_TURNS,
+    MAX_STOP_SEQUENCES,
     MAX_TITLE_CHARS,
     MAX_TOOLS,
+    MODEL_NAME_PATTERN,
     Status,
 )
 
@@ -71,23 +74,77 @@ class ScriptToolCall(Request):
     arguments: JsonObject = Field(default_factory=dict)
 
 
+class ScriptFault(Request):
+    """The turn fails as a provider would, after its text streamed."""
+
+    kind: Literal[
+        "rate_limited",
+        "server_error",
+        "connection_error",
+        "idle_timeout",
+        "truncated",
+        "bad_request",
+        "auth_failed",
+        "not_found",
+        "context_too_long",
+    ]
+    times: int = Field(default=1, ge=1, le=100, description="Fails this many plays of the turn.")
+    retryAfterMs: int | None = Field(default=None, ge=0, le=600_000)
+
+
 class ScriptTurn(Request):
     text: Text | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
     toolCalls: list[ScriptToolCall] | None = Field(default=None, max_length=32)
     stopReason: Literal["stop", "tool_use", "length", "error", "aborted"] | None = None
     delayMs: int | None = Field(default=None, ge=0, le=600_000)
     chunks: int | None = Field(default=None, ge=1, le=10_000)
+    fault: ScriptFault | None = None
+
+
+StopSequence = Annotated[Text, Field(min_length=1, max_length=200)]
+
+
+class ModelSettings(Request):
+    """Passed to the provider on every turn; unset ones keep the provider's default."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    topP: float | None = Field(default=None, gt=0, le=1)
+    maxTokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    toolChoice: Literal["auto", "none", "required"] | ToolName | None = Field(
+        default=None, description='"auto", "none", "required", or the name of a tool to call'
+    )
+    parallelToolCalls: bool | None = None
+    stop: list[StopSequence] | None = Field(default=None, max_length=MAX_STOP_SEQUENCES)
+    reasoningEffort: Literal["low", "medium", "high"] | None = None
 
 
 class CreateSession(Request):
     prompt: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     title: Title | None = None
-    model: str | None = Field(
-        default=None, pattern=r"^(scripted|openai:[A-Za-z0-9._:/-]{1,200})$", max_length=220
-    )
+    model: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN, max_length=220)
     script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
     tools: list[ToolName] | None = Field(default=None, max_length=MAX_TOOLS)
     metadata: JsonObject | None = None
+    instructions: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="The system prompt.",
+    )
+    modelSettings: ModelSettings | None = None
+    approvalRequired: list[ToolName] | None = Field(
+        default=None,
+        max_length=MAX_TOOLS,
+        description="Tools whose every call waits for a person's approval in this session.",
+    )
+
+    @model_validator(mode="after")
+    def _tool_choice_is_offered(self) -> CreateSession:
+        choice = self.modelSettings.toolChoice if self.modelSettings else None
+        named = choice not in (None, "auto", "none", "required")
+        if named and self.tools is not None and choice not in self.tools:
+            raise ValueError(f"modelSettings.toolChoice names {choice!r}, which is not in tools")
+        return self
 
 
 class RenameSession(Request):
@@ -96,6 +153,38 @@ class RenameSession(Request):
 
 class PostMessage(Request):
     text: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class Approve(Request):
+    approved: bool
+    reason: Text | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class ApprovalAccepted(BaseModel):
+    id: str
+    toolCallId: str
+    approved: bool
+    seq: int
+    status: Status
+
+
+class Usage(BaseModel):
+    inputTokens: int
+    outputTokens: int
+    cachedTokens: int
+
+
+class ToolInfo(BaseModel):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    idempotent: bool
+    requiresApproval: bool
+    source: str = Field(description='"builtin", "plugin" or "mcp:<server>"')
+
+
+class ToolList(BaseModel):
+    tools: list[ToolInfo]
 
 
 class Lease(BaseModel):
@@ -120,6 +209,10 @@ class Session(BaseModel):
     createdAt: str
     updatedAt: str
     metadata: dict[str, Any]
+    instructions: str | None
+    modelSettings: dict[str, Any]
+    approvalRequired: list[str]
+    usage: Usage
 
 
 class SessionList(BaseModel):

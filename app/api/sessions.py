@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Path, Query, Response, status
 from fastapi.responses import JSONResponse
 
 from app.api import schemas
@@ -100,6 +100,11 @@ async def create_session(
         else None,
         tools=body.tools,
         metadata=body.metadata or {},
+        instructions=body.instructions,
+        model_settings=body.modelSettings.model_dump(exclude_none=True)
+        if body.modelSettings
+        else {},
+        approval_required=body.approvalRequired,
     )
     async with services.db.transaction() as conn:
         row, created = await session_store.create_session(conn, owner, new, idempotency_key)
@@ -246,6 +251,37 @@ async def post_message(
     return {
         "id": str(sid),
         "message": {"seq": event["seq"], "text": body.text, "delivery": delivery},
+    }
+
+
+@router.post(
+    "/{session_id}/tool-calls/{tool_call_id}/approval",
+    operation_id="decideToolApproval",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=schemas.ApprovalAccepted,
+    responses={409: _PROBLEM, **_BODY_ERRORS},
+)
+async def decide_tool_approval(
+    session_id: str,
+    tool_call_id: Annotated[str, Path(min_length=1, max_length=256)],
+    body: schemas.Approve,
+    owner: Owner,
+    db: DatabaseDep,
+) -> dict[str, Any]:
+    """Approve or deny a tool call that waits for approval (`tool_approval_requested`). The
+    session is re-queued: an approved call runs, a denied one is answered with an error
+    result giving the reason, and the model goes on."""
+    sid = parse_session_id(session_id)
+    async with db.transaction() as conn:
+        event, row = await session_store.decide_approval(
+            conn, owner, sid, tool_call_id, body.approved, body.reason
+        )
+    return {
+        "id": str(sid),
+        "toolCallId": tool_call_id,
+        "approved": body.approved,
+        "seq": event["seq"],
+        "status": row["status"],
     }
 
 

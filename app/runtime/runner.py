@@ -4,10 +4,12 @@ the model stops, every step written through the fenced log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -15,18 +17,33 @@ from uuid import UUID
 
 from prometheus_client import Counter
 
+from app.agent.approvals import (
+    Approval,
+    approvals_from_events,
+    record_approval_event,
+    settle,
+)
 from app.agent.conversation import (
     AssistantMessage,
     Message,
     ToolCall,
     ToolResult,
+    Usage,
     UserMessage,
     conversation_from_events,
     message_from_event,
 )
-from app.agent.models import Model, ModelError, ModelRequest
-from app.agent.resume import ResumePlan, plan_resume
-from app.agent.tools import Tool, ToolContext, ToolRegistry
+from app.agent.models import (
+    Model,
+    ModelFault,
+    ModelRequest,
+    ModelSettings,
+    Providers,
+    RetryPolicy,
+)
+from app.agent.models.base import FAULT_CODES, UNAVAILABLE_CODE
+from app.agent.resume import ResumePlan, plan_resume, repair
+from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
 from app.db.pool import Database
 from app.domain import OwnerEventType, SessionEventType, Status, rfc3339
 from app.errors import FenceRefused
@@ -43,6 +60,10 @@ AbortReason = Literal["cancelled", "lease_lost", "shutdown"]
 RUNS = Counter("ferryman_runs_total", "Runs ended, by outcome", ["outcome"])
 RESUMES = Counter("ferryman_resumes_total", "Runs that continued existing history", ["reason"])
 REPAIRED = Counter("ferryman_repaired_tool_calls_total", "Tool calls answered by repair")
+MODEL_RETRIES = Counter("ferryman_model_retries_total", "Model calls retried, by fault", ["reason"])
+MODEL_TOKENS = Counter(
+    "ferryman_model_tokens", "Tokens reported by model providers", ["model", "kind"]
+)
 DELTA_FLUSH_SECONDS = 0.05
 
 
@@ -61,13 +82,14 @@ class RunContext:
     worker_id: str
     pid: int
     tool_timeout: float
+    providers: Providers
+    retry: RetryPolicy
 
 
 @dataclass
 class Run:
     ctx: RunContext
     row: dict[str, Any]
-    model: Model
     abort_event: asyncio.Event = field(default_factory=asyncio.Event)
     abort_reason: AbortReason | None = None
     conversation: list[Message] = field(default_factory=list)
@@ -76,6 +98,11 @@ class Run:
     read_seq: int = 0
     # (name, arguments) of non-idempotent calls a crash interrupted: not re-run automatically.
     not_rerun: set[tuple[str, str]] = field(default_factory=set)
+    # Approvals requested in this session, by call id, and the calls waiting on them.
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    awaiting: list[ToolCall] = field(default_factory=list)
+    # The tools this session may use, by name.
+    tools: dict[str, Tool] = field(default_factory=dict)
 
     @property
     def session_id(self) -> UUID:
@@ -123,6 +150,9 @@ class Run:
         run goes on to answer it instead."""
         async with self.ctx.db.transaction() as conn:
             settled = await runs.finish(conn, self.fence, self.row, status, **details)
+        return self.ended(settled)
+
+    def ended(self, settled: Status | None) -> bool:
         if settled is None:
             log.info("run goes on: a follow-up arrived", extra={"session": str(self.session_id)})
             return False
@@ -139,7 +169,12 @@ class Run:
                 outcome = Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED
                 if await self.finish(outcome):
                     return
-            await self.loop()
+            try:
+                model = self.ctx.providers.model(self.row["model"], self.row["script"])
+            except ModelFault as fault:
+                await self.fail(fault, self.read_seq)
+                return
+            await self.loop(model)
         except RunAborted as aborted:
             await self.on_abort(aborted.reason)
         except FenceRefused:
@@ -151,8 +186,17 @@ class Run:
             rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
         self.read_seq = max((int(r["seq"]) for r in rows), default=0)
         history = undelivered_last(conversation_from_events(rows), self.row["delivered_seq"])
-        plan = plan_resume(history, self.ctx.registry.turn_enders())
+        self.approvals = approvals_from_events(rows)
+        started = {str(r["data"]["toolCallId"]) for r in rows if r["type"] == "tool_call_start"}
+        plan = plan_resume(
+            history,
+            self.ctx.registry.turn_enders(),
+            approvals=self.approvals,
+            started=started,
+        )
         self.conversation = list(plan.conversation)
+        self.awaiting = list(plan.awaiting)
+        self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
         self.not_rerun = self.interrupted_side_effects(plan)
         ran_before = any(r["type"] in _RUN_EVENTS for r in rows)
         async with self.ctx.db.transaction() as conn:
@@ -193,82 +237,202 @@ class Run:
                 )
         return plan
 
-    async def loop(self) -> None:
-        tools = self.ctx.registry.select(self.row["tools"])
-        specs = tuple(tool.spec() for tool in tools)
-        allowed = {tool.name: tool for tool in tools}
+    async def loop(self, model: Model) -> None:
+        specs = tuple(tool.spec() for tool in self.tools.values())
+        instructions = self.row["instructions"]
+        settings = ModelSettings.from_wire(self.row["model_settings"])
         while True:
             self.check()
-            await self.take_new_messages()
+            await self.take_new_events()
+            if self.awaiting:
+                if await self.settle_awaiting():
+                    return
+                if self.awaiting:
+                    continue  # a follow-up or a decision came in as the run was to wait
             delivered = self.read_seq
-            reply = await self.call_model(ModelRequest(tuple(self.conversation), specs))
+            request = ModelRequest(tuple(self.conversation), specs, instructions, settings)
+            try:
+                reply = await self.call_model(model, request)
+            except ModelFault as fault:
+                await self.fail(fault, delivered)
+                return
             async with self.ctx.db.transaction() as conn:
                 await runs.append(
                     conn, self.fence, self.session_id, "assistant_message", reply.wire()
                 )
                 await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
+                if (usage := reply.usage) is not None:
+                    await runs.add_usage(
+                        conn,
+                        self.fence,
+                        self.session_id,
+                        usage.input_tokens,
+                        usage.output_tokens,
+                        usage.cached_tokens,
+                    )
+            self.count_tokens(reply.usage)
             self.conversation.append(reply)
+            if reply.stop_reason == "error":
+                error = {"code": FAULT_CODES["internal"], "message": reply.text}
+                await self.finish(Status.FAILED, error=error)
+                return
             if reply.tool_calls:
-                asked = False
-                for call in reply.tool_calls:
-                    tool = allowed.get(call.name)
-                    result = await self.call_tool(call, tool)
-                    self.conversation.append(result)
-                    if tool is not None and tool.ends_turn and not result.is_error:
-                        await self.append("user_question", _question(call.arguments))
-                        asked = True
-                if asked and await self.finish(Status.WAITING):
+                self.awaiting = [c for c in reply.tool_calls if self.requires_approval(c)]
+                now = [c for c in reply.tool_calls if not self.requires_approval(c)]
+                asked = await self.run_calls(now)
+                if asked and not self.awaiting and await self.finish(Status.WAITING):
                     return
                 continue
             if reply.stop_reason == "length":
                 ended = await self.finish(
                     Status.WAITING, note="output limit reached; send a message to continue"
                 )
-            elif reply.stop_reason == "error":
-                ended = await self.finish(
-                    Status.FAILED, error={"code": "MODEL_ERROR", "message": reply.text}
-                )
             else:
                 ended = await self.finish(Status.SUCCEEDED)
             if ended:
                 return
 
-    async def take_new_messages(self) -> None:
-        """Deliver follow-ups logged since we last looked (steering) at this turn boundary."""
+    def requires_approval(self, call: ToolCall) -> bool:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return False  # answered "unknown tool" at once
+        return tool.requires_approval or call.name in (self.row["approval_required"] or ())
+
+    async def run_calls(self, calls: Iterable[ToolCall]) -> bool:
+        """Run calls in order; True when one of them asked the user a question."""
+        asked = False
+        for call in calls:
+            tool = self.tools.get(call.name)
+            result = await self.call_tool(call, tool)
+            self.conversation.append(result)
+            if tool is not None and tool.ends_turn and not result.is_error:
+                await self.append("user_question", _question(call.arguments))
+                asked = True
+        return asked
+
+    async def settle_awaiting(self) -> bool:
+        """Act on the decisions about calls that wait for approval: run the approved ones,
+        answer the denied ones; True when the run ended (to wait for a person)."""
+        settlement = settle(self.conversation, self.awaiting, self.approvals)
+        for result in settlement.denied:
+            await self.append("tool_result", result.wire())
+            self.conversation.append(result)
+        asked = await self.run_calls(settlement.run)
+        self.awaiting = list(settlement.pending)
+        # Results in call order, after their call, whatever order they were decided in.
+        self.conversation = repair(self.conversation, {c.id for c in self.awaiting})[0]
+        if self.awaiting:
+            return await self.wait_for_approval()
+        return asked and await self.finish(Status.WAITING)
+
+    async def wait_for_approval(self) -> bool:
+        """Ask for the approvals not asked for yet and end the run `waiting`, in one
+        transaction, so a decision always finds the session waiting. False when a follow-up
+        or a decision arrived meanwhile: the run goes on to take it."""
+        async with self.ctx.db.transaction() as conn:
+            for call in self.awaiting:
+                if call.id not in self.approvals:
+                    request = {
+                        "toolCallId": call.id,
+                        "name": call.name,
+                        "arguments": call.arguments,
+                    }
+                    await runs.append(
+                        conn, self.fence, self.session_id, "tool_approval_requested", request
+                    )
+                    self.approvals[call.id] = Approval(call.id)
+            # Everything read so far is taken: the decisions, and no message (one would have
+            # denied what is pending).
+            await runs.mark_delivered(conn, self.fence, self.session_id, self.read_seq)
+            settled = await runs.finish(conn, self.fence, self.row, Status.WAITING)
+        return self.ended(settled)
+
+    async def take_new_events(self) -> None:
+        """Take follow-ups (steering) and approval decisions logged since we last looked."""
         async with self.ctx.db.connection() as conn:
             rows = await event_store.read_session_events(conn, self.session_id, self.read_seq, 1000)
         for row in rows:
             message = message_from_event(row["type"], row["data"], int(row["seq"]))
             if row["type"] == "user_message" and message is not None:
                 self.conversation.append(message)
+            record_approval_event(self.approvals, row["type"], row["data"])
             self.read_seq = max(self.read_seq, int(row["seq"]))
 
-    async def call_model(self, request: ModelRequest) -> AssistantMessage:
+    async def call_model(self, model: Model, request: ModelRequest) -> AssistantMessage:
+        """One turn, retrying the provider's transient faults with backoff; each retry is
+        logged (`model_retry`) so clients drop the partial text they were shown."""
+        for retry in itertools.count(1):
+            try:
+                return await self.stream_turn(model, request)
+            except ModelFault as fault:
+                if not fault.retryable or not self.ctx.retry.allows(retry):
+                    raise
+                delay = self.ctx.retry.delay(retry, fault.retry_after)
+                MODEL_RETRIES.labels(fault.kind).inc()
+                log.warning(
+                    "model call failed (%s); retry %d in %.1f s",
+                    fault.kind,
+                    retry,
+                    delay,
+                    extra={"session": str(self.session_id)},
+                )
+                retry_event = {
+                    "attempt": retry,
+                    "delayMs": round(delay * 1000),
+                    "reason": fault.kind,
+                    "message": fault.message,
+                }
+                await self.append("model_retry", retry_event)
+                await self.interruptible(asyncio.sleep(delay))
+        raise AssertionError("unreachable")
+
+    async def stream_turn(self, model: Model, request: ModelRequest) -> AssistantMessage:
         streamed: list[str] = []
         publisher = DeltaPublisher(self.ctx.db, self.row)
 
         async def on_delta(text: str) -> None:
             streamed.append(text)
-            await publisher.add(text)
+            publisher.add(text)
 
         try:
-            reply = await self.interruptible(self.model.complete(request, on_delta))
+            return await self.interruptible(model.complete(request, on_delta))
         except RunAborted as aborted:
-            await publisher.flush()
+            await publisher.close()
             if aborted.reason == "cancelled":
                 # Keep what the user already saw, marked aborted (resume planning drops it).
                 partial = AssistantMessage("".join(streamed), (), "aborted")
                 await self.append("assistant_message", partial.wire())
             raise
-        except ModelError as exc:
-            await publisher.flush()
-            return AssistantMessage(f"model error: {exc}", (), "error")
+        except ModelFault:
+            raise
         except Exception as exc:  # a model plug-in failing must not crash the worker
             log.exception("model failed", extra={"session": str(self.session_id)})
-            await publisher.flush()
-            return AssistantMessage(f"model error: {type(exc).__name__}: {exc}", (), "error")
-        await publisher.flush()
-        return reply
+            raise ModelFault("internal", f"the model failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            await publisher.close()
+
+    async def fail(self, fault: ModelFault, delivered: int) -> None:
+        """End the run `failed` for a model fault: recorded as a failure, never as words of
+        the model's. The messages up to `delivered` were tried, so they do not re-queue it."""
+        code = fault.code
+        message = fault.message
+        if fault.retryable:
+            code = UNAVAILABLE_CODE
+            message = f"{message} (gave up after {self.ctx.retry.max_retries} retries)"
+        async with self.ctx.db.transaction() as conn:
+            await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
+            settled = await runs.finish(
+                conn, self.fence, self.row, Status.FAILED, error={"code": code, "message": message}
+            )
+        self.ended(settled)
+
+    def count_tokens(self, usage: Usage | None) -> None:
+        if usage is None:
+            return
+        model = self.row["model"]
+        MODEL_TOKENS.labels(model, "input").inc(usage.input_tokens)
+        MODEL_TOKENS.labels(model, "output").inc(usage.output_tokens)
+        MODEL_TOKENS.labels(model, "cached").inc(usage.cached_tokens)
 
     async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         self.check()
@@ -340,6 +504,8 @@ class Run:
                 is_error=True,
                 timed_out=True,
             )
+        except ToolError as exc:
+            return ToolResult(call.id, call.name, str(exc), is_error=True)
         except Exception as exc:
             return ToolResult(call.id, call.name, f"{type(exc).__name__}: {exc}", is_error=True)
         return ToolResult(call.id, call.name, str(content))
@@ -420,36 +586,55 @@ class FencedNotes:
 
 class DeltaPublisher:
     """Sends `message_delta` frames, coalesced to one NOTIFY per 50 ms: a NOTIFY per token would
-    take PostgreSQL's notify lock far more often than live viewers need."""
+    take PostgreSQL's notify lock far more often than live viewers need. Text waits at most
+    those 50 ms, whether or not more tokens follow (a stalled stream holds nothing back)."""
 
     def __init__(self, db: Database, row: dict[str, Any]) -> None:
         self.db = db
         self.row = row
         self.pending: list[str] = []
         self.last_flush = 0.0
+        self.timer: asyncio.Task[None] | None = None
+        self.sending = asyncio.Lock()  # frames leave in the order their text came
 
-    async def add(self, text: str) -> None:
+    def add(self, text: str) -> None:
         self.pending.append(text)
-        if time.monotonic() - self.last_flush >= DELTA_FLUSH_SECONDS:
-            await self.flush()
+        if self.timer is None:
+            wait = max(0.0, self.last_flush + DELTA_FLUSH_SECONDS - time.monotonic())
+            self.timer = asyncio.create_task(self._flush_after(wait))
+
+    async def _flush_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self.timer = None
+        await self.flush()
+
+    async def close(self) -> None:
+        """Send what is pending now and stop the timer."""
+        if self.timer is not None:
+            self.timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.timer
+            self.timer = None
+        await self.flush()
 
     async def flush(self) -> None:
-        if not self.pending:
-            return
-        text, self.pending = "".join(self.pending), []
-        self.last_flush = time.monotonic()
-        body = json.dumps(
-            {
-                "type": "message_delta",
-                "sessionId": str(self.row["id"]),
-                "ownerId": self.row["owner_id"],
-                "ts": rfc3339(datetime.now(UTC)),
-                "data": {"text": text},
-            },
-            separators=(",", ":"),
-        )
-        try:
-            async with self.db.connection() as conn:
-                await publish_ephemeral(conn, session_key(self.row["id"]), body)
-        except Exception as exc:  # deltas are best effort; the durable message follows
-            log.debug("delta not sent: %s", exc)
+        async with self.sending:
+            if not self.pending:
+                return
+            text, self.pending = "".join(self.pending), []
+            self.last_flush = time.monotonic()
+            body = json.dumps(
+                {
+                    "type": "message_delta",
+                    "sessionId": str(self.row["id"]),
+                    "ownerId": self.row["owner_id"],
+                    "ts": rfc3339(datetime.now(UTC)),
+                    "data": {"text": text},
+                },
+                separators=(",", ":"),
+            )
+            try:
+                async with self.db.connection() as conn:
+                    await publish_ephemeral(conn, session_key(self.row["id"]), body)
+            except Exception as exc:  # deltas are best effort; the durable message follows
+                log.debug("delta not sent: %s", exc)

@@ -9,7 +9,9 @@ import os
 import secrets
 from uuid import UUID
 
-from app.agent.models import make_model
+from pydantic import SecretStr
+
+from app.agent.models import ProviderConfig, Providers, RetryPolicy
 from app.agent.tools import ToolRegistry
 from app.bus import Bus
 from app.config import Settings
@@ -19,12 +21,28 @@ from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
 from app.store import runs
+from app.store import tools as tool_store
 from app.store.events import Fence
 from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS_CODE = "MAX_ATTEMPTS_EXCEEDED"
+
+
+def provider_config(settings: Settings) -> ProviderConfig:
+    def secret(value: SecretStr | None) -> str | None:
+        return value.get_secret_value() if value is not None else None
+
+    return ProviderConfig(
+        openai_base_url=settings.openai_base_url,
+        openai_api_key=secret(settings.openai_api_key),
+        anthropic_base_url=settings.anthropic_base_url,
+        anthropic_api_key=secret(settings.anthropic_api_key),
+        anthropic_max_tokens=settings.anthropic_max_tokens,
+        idle_timeout=settings.model_idle_timeout,
+        connect_timeout=settings.model_connect_timeout,
+    )
 
 
 def new_worker_id() -> str:
@@ -48,13 +66,16 @@ class Worker:
         self.concurrency = concurrency or settings.worker_concurrency
         self.context = RunContext(
             db=db,
-            registry=registry
-            or ToolRegistry.default(
-                m.strip() for m in settings.tool_modules.split(",") if m.strip()
-            ),
+            registry=registry or ToolRegistry.default(settings.tool_module_specs()),
             worker_id=self.id,
             pid=os.getpid(),
             tool_timeout=settings.tool_timeout,
+            providers=Providers(provider_config(settings)),
+            retry=RetryPolicy(
+                max_retries=settings.model_max_retries,
+                initial_delay=settings.model_retry_initial_delay,
+                max_delay=settings.model_retry_max_delay,
+            ),
         )
         self.runs: dict[UUID, Run] = {}
         self.tasks: set[asyncio.Future[None]] = set()
@@ -110,6 +131,7 @@ class Worker:
         )
         heartbeat.start()
         await asyncio.to_thread(heartbeat.registered.wait)
+        await self._publish_tools()
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         slots = asyncio.Semaphore(self.concurrency)
         membership = asyncio.Event()
@@ -146,7 +168,17 @@ class Worker:
             await asyncio.gather(watcher, *self.tasks, return_exceptions=True)
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)
+            await self.context.providers.aclose()
             log.info("worker %s stopped", self.id)
+
+    async def _publish_tools(self) -> None:
+        """Publish the tools this worker offers, for GET /api/tools."""
+        entries = [tool.catalog_entry() for tool in self.context.registry.tools()]
+        try:
+            async with self.db.transaction() as conn:
+                await tool_store.publish_catalog(conn, entries)
+        except UNAVAILABLE_ERRORS as exc:
+            log.warning("tool catalog not published, database unavailable: %s", exc)
 
     async def _claim(self) -> Run | None:
         try:
@@ -181,13 +213,7 @@ class Worker:
             log.warning("claim failed, database unavailable: %s", exc)
             await asyncio.sleep(1)
             return None
-        model = make_model(
-            row["model"],
-            row["script"],
-            openai_base_url=self.settings.openai_base_url,
-            openai_api_key=self.settings.openai_api_key,
-        )
-        run = Run(self.context, row, model)
+        run = Run(self.context, row)
         self.runs[run.session_id] = run
         return run
 

@@ -214,11 +214,34 @@ async def mark_delivered(conn: Connection, fence: Fence, session_id: UUID, seq: 
     )
 
 
+async def add_usage(
+    conn: Connection, fence: Fence, session_id: UUID, input_: int, output: int, cached: int
+) -> None:
+    """Add a turn's tokens to the session's running totals (fenced, like the turn itself)."""
+    await conn.execute(
+        """
+        UPDATE sessions SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,
+            cached_tokens = cached_tokens + %s
+        WHERE id = %s AND lease_worker_id = %s AND attempt = %s
+        """,
+        (
+            input_,
+            output,
+            cached,
+            session_id,
+            fence.worker_id,
+            fence.attempt,
+        ),
+    )
+
+
 async def undelivered_messages(conn: Connection, session_id: UUID) -> int:
+    """Follow-ups and approval decisions logged after the run last took in the log."""
     cur = await conn.execute(
         """
         SELECT count(*) AS n FROM session_events e JOIN sessions s ON s.id = e.session_id
-        WHERE e.session_id = %s AND e.type = 'user_message' AND e.seq > s.delivered_seq
+        WHERE e.session_id = %s AND e.type IN ('user_message', 'tool_approval_decided')
+          AND e.seq > s.delivered_seq
         """,
         (session_id,),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -23,15 +23,24 @@ from app.domain import (
     rfc3339,
     session_view,
 )
-from app.errors import IdempotencyKeyReused, SessionAlreadyTerminal, SessionNotFound
+from app.errors import (
+    ApprovalNotPending,
+    IdempotencyKeyReused,
+    SessionAlreadyTerminal,
+    SessionNotFound,
+)
 from app.store.events import append_owner_event, append_session_event
 from app.store.notify import WORK_KEY, cancel_key, notify, session_key
 
 SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-    delivered_seq, created_at, updated_at, deleted_at
+    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+    approval_required, input_tokens, output_tokens, cached_tokens
 """
+
+
+_FIRST_FIELDS = frozenset({"prompt", "title", "model", "script", "tools", "metadata"})
 
 
 @dataclass(frozen=True)
@@ -42,10 +51,16 @@ class NewSession:
     script: list[dict[str, Any]] | None
     tools: list[str] | None
     metadata: dict[str, Any]
+    instructions: str | None = None
+    model_settings: dict[str, Any] = field(default_factory=dict)
+    approval_required: list[str] | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
-        body = json.dumps(self.__dict__, sort_keys=True, separators=(",", ":"))
+        # Fields left at their defaults are left out, so a request hashes as it did before
+        # those fields existed (a create retried across an upgrade is still a replay).
+        fields = {k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v}
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -89,8 +104,9 @@ async def create_session(
 
     cur = await conn.execute(
         f"""
-        INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata)
-        VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+        INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
+                              instructions, model_settings, approval_required)
+        VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
         """,
         (
             session_id,
@@ -101,6 +117,9 @@ async def create_session(
             Jsonb(new.script) if new.script is not None else None,
             Jsonb(new.tools) if new.tools is not None else None,
             Jsonb(new.metadata),
+            new.instructions,
+            Jsonb(new.model_settings),
+            Jsonb(new.approval_required) if new.approval_required is not None else None,
         ),
     )
     row = await cur.fetchone()
@@ -287,6 +306,49 @@ async def post_message(
         await set_status(conn, row, Status.QUEUED, extra_sets=", cancel_requested_at = NULL")
         await notify(conn, WORK_KEY)
     return event, delivery
+
+
+async def decide_approval(
+    conn: Connection,
+    owner_id: str,
+    session_id: UUID,
+    call_id: str,
+    approved: bool,
+    reason: str | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Log a decision on a tool call waiting for approval, and re-queue a waiting session so
+    a worker acts on it; (the decision event, the session row). A running session takes it
+    before it would wait (the run's `finish` sees it); a terminal one has nothing pending."""
+    row = await get_session(conn, owner_id, session_id, for_update=True)
+    status = Status(row["status"])
+    if status in TERMINAL:
+        raise ApprovalNotPending(f"the session is {status}: no tool call waits for approval")
+    cur = await conn.execute(
+        """
+        SELECT type FROM session_events
+        WHERE session_id = %s AND data->>'toolCallId' = %s
+          AND type IN ('tool_approval_requested', 'tool_approval_decided', 'tool_result')
+        """,
+        (session_id, call_id),
+    )
+    seen = {r["type"] for r in await cur.fetchall()}
+    if seen != {SessionEventType.TOOL_APPROVAL_REQUESTED}:
+        detail = (
+            "this tool call was already decided or answered"
+            if seen
+            else "no tool call of this session with this id waits for approval"
+        )
+        raise ApprovalNotPending(detail)
+    decision: dict[str, Any] = {"toolCallId": call_id, "approved": approved}
+    if reason is not None:
+        decision["reason"] = reason
+    event = await append_session_event(
+        conn, session_id, SessionEventType.TOOL_APPROVAL_DECIDED, decision
+    )
+    if status == Status.WAITING:
+        row = await set_status(conn, row, Status.QUEUED)
+        await notify(conn, WORK_KEY)
+    return event, row
 
 
 async def soft_delete(conn: Connection, owner_id: str, session_id: UUID) -> None:

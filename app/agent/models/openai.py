@@ -1,13 +1,18 @@
-"""Any OpenAI-compatible chat-completions endpoint, streamed, with function calling."""
+"""Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp, LiteLLM,
+Azure through a base URL), streamed, with function calling, on the official `openai` SDK."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
+from urllib.parse import urlsplit
 
-import httpx
-from httpx_sse import aconnect_sse
+import httpx2
+import openai
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from app.agent.conversation import (
     AssistantMessage,
@@ -15,9 +20,22 @@ from app.agent.conversation import (
     StopReason,
     ToolCall,
     ToolResult,
+    Usage,
     UserMessage,
+    model_visible,
 )
-from app.agent.models.base import DeltaSink, ModelError, ModelRequest, ToolSpec
+from app.agent.models.base import (
+    DeltaSink,
+    FaultKind,
+    ModelFault,
+    ModelRequest,
+    ModelSettings,
+    ToolSpec,
+)
+from app.agent.models.faults import fault_for_status, idle_guarded, is_context_overflow
+from app.agent.models.providers import ProviderConfig
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 FINISH_REASONS: dict[str, StopReason] = {
     "stop": "stop",
@@ -27,9 +45,27 @@ FINISH_REASONS: dict[str, StopReason] = {
 }
 
 
-def to_openai_messages(conversation: tuple[Message, ...]) -> list[dict[str, Any]]:
+def make_client(config: ProviderConfig) -> AsyncOpenAI:
+    """One client per worker. Base URL and key are passed explicitly, never taken from the
+    SDK's own OPENAI_* variables; its retries are off (the runner retries, visibly)."""
+    return AsyncOpenAI(
+        base_url=config.openai_base_url or OPENAI_BASE_URL,
+        # Keyless servers (llama.cpp, Ollama, vLLM without --api-key) ignore the header, and
+        # the SDK refuses to run without one.
+        api_key=config.openai_api_key or "unused",
+        max_retries=0,
+        # The read timeout only backs up the idle guard: no bytes for this long.
+        timeout=httpx2.Timeout(config.idle_timeout, connect=config.connect_timeout),
+    )
+
+
+def to_openai_messages(
+    conversation: tuple[Message, ...], instructions: str | None = None
+) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
-    for message in conversation:
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    for message in model_visible(conversation):
         if isinstance(message, UserMessage):
             messages.append({"role": "user", "content": message.text})
         elif isinstance(message, ToolResult):
@@ -37,18 +73,26 @@ def to_openai_messages(conversation: tuple[Message, ...]) -> list[dict[str, Any]
                 {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
             )
         else:
-            entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+            # Always a string: some servers reject `"content": null` beside tool calls.
+            entry: dict[str, Any] = {"role": "assistant", "content": message.text}
             if message.tool_calls:
                 entry["tool_calls"] = [
                     {
                         "id": call.id,
                         "type": "function",
-                        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                        "function": {"name": call.name, "arguments": _arguments_text(call)},
                     }
                     for call in message.tool_calls
                 ]
             messages.append(entry)
     return messages
+
+
+def _arguments_text(call: ToolCall) -> str:
+    # What the model wrote, when it was not a JSON object: it should see its own mistake.
+    if call.invalid_arguments is not None:
+        return call.invalid_arguments
+    return json.dumps(call.arguments)
 
 
 def to_openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
@@ -61,76 +105,187 @@ def to_openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def _parse_arguments(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw or "{}")
-    except json.JSONDecodeError:
-        # Passed on as is: the tool call then fails argument validation with a clear error.
-        return {"_unparsed": raw}
-    return value if isinstance(value, dict) else {"_value": value}
+def settings_arguments(
+    settings: ModelSettings, *, has_tools: bool, max_tokens_field: str
+) -> dict[str, Any]:
+    """The request fields a session's model settings become (unset ones are left out)."""
+    fields: dict[str, Any] = {}
+    if settings.temperature is not None:
+        fields["temperature"] = settings.temperature
+    if settings.top_p is not None:
+        fields["top_p"] = settings.top_p
+    if settings.max_tokens is not None:
+        fields[max_tokens_field] = settings.max_tokens
+    if settings.stop:
+        fields["stop"] = list(settings.stop)
+    if settings.reasoning_effort is not None:
+        fields["reasoning_effort"] = settings.reasoning_effort
+    # Tool settings without tools are refused by OpenAI itself.
+    if has_tools and settings.tool_choice is not None:
+        choice = settings.tool_choice
+        fields["tool_choice"] = (
+            choice
+            if choice in ("auto", "none", "required")
+            else {"type": "function", "function": {"name": choice}}
+        )
+    if has_tools and settings.parallel_tool_calls is not None:
+        fields["parallel_tool_calls"] = settings.parallel_tool_calls
+    return fields
+
+
+def max_tokens_field(base_url: str) -> str:
+    """OpenAI itself wants `max_completion_tokens` (`max_tokens` is deprecated there and refused
+    by reasoning models); compatible servers read `max_tokens` (Ollama reads nothing else)."""
+    host = urlsplit(base_url).hostname or ""
+    return "max_completion_tokens" if host.endswith("openai.com") else "max_tokens"
+
+
+@dataclass
+class _CallSlot:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+    def add_name(self, name: str) -> None:
+        # Most servers send the name once; some (llama-cpp-python) repeat the whole name in
+        # every chunk. A piece that starts with what we have is the whole name again.
+        if self.name and name.startswith(self.name):
+            self.name = name
+        else:
+            self.name += name
+
+    def call(self) -> ToolCall:
+        # Unique when the server sends none: results are matched to calls by id.
+        call_id = self.id or f"call_{uuid.uuid4().hex[:12]}"
+        try:
+            arguments = json.loads(self.arguments or "{}")
+        except json.JSONDecodeError:
+            return ToolCall(call_id, self.name, {}, self.arguments)
+        if not isinstance(arguments, dict):
+            return ToolCall(call_id, self.name, {}, self.arguments)
+        return ToolCall(call_id, self.name, arguments)
+
+
+@dataclass
+class _Turn:
+    """A turn as its chunks arrive."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _CallSlot] = field(default_factory=dict)
+    finish: str | None = None
+    usage: Usage | None = None
+
+    def reply(self) -> AssistantMessage:
+        if self.finish is None:
+            raise ModelFault(
+                "truncated", "the model stream ended without a finish reason (cut off)"
+            )
+        if self.finish == "content_filter":
+            raise ModelFault("refused", "the provider's content filter stopped the answer")
+        stop = FINISH_REASONS.get(self.finish)
+        if stop is None:
+            raise ModelFault("internal", f"the provider ended the turn with {self.finish!r}")
+        calls = tuple(slot.call() for _, slot in sorted(self.calls.items()))
+        return AssistantMessage("".join(self.text), calls, stop, usage=self.usage)
 
 
 class OpenAIModel:
-    def __init__(self, model: str, base_url: str, api_key: str | None) -> None:
+    def __init__(self, client: AsyncOpenAI, model: str, idle_timeout: float) -> None:
+        self.client = client
         self.model = model
-        self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
+        self.idle_timeout = idle_timeout
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink) -> AssistantMessage:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "stream": True,
-            "messages": to_openai_messages(request.conversation),
-        }
-        if request.tools:
-            body["tools"] = to_openai_tools(request.tools)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
-        finish = "stop"
-        timeout = httpx.Timeout(60.0, read=300.0)
-        async with (
-            httpx.AsyncClient(timeout=timeout) as client,
-            aconnect_sse(
-                client, "POST", f"{self.base_url}/chat/completions", json=body, headers=headers
-            ) as source,
-        ):
-            if source.response.status_code >= 400:
-                detail = (await source.response.aread()).decode(errors="replace")[:500]
-                raise ModelError(f"model endpoint answered {source.response.status_code}: {detail}")
-            content_type = source.response.headers.get("content-type", "")
-            if "text/event-stream" not in content_type:
-                detail = (await source.response.aread()).decode(errors="replace")[:500]
-                raise ModelError(f"model endpoint did not stream ({content_type}): {detail}")
-            async for event in source.aiter_sse():
-                if event.data.strip() == "[DONE]":
-                    break
-                chunk = json.loads(event.data)
-                if chunk.get("error"):
-                    raise ModelError(f"model endpoint failed mid-stream: {chunk['error']}")
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        text.append(delta["content"])
-                        await on_delta(delta["content"])
-                    for call in delta.get("tool_calls") or ():
-                        slot = calls.setdefault(
-                            int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""}
-                        )
-                        slot["id"] = call.get("id") or slot["id"]
-                        function = call.get("function") or {}
-                        slot["name"] += function.get("name") or ""
-                        slot["arguments"] += function.get("arguments") or ""
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
-        tool_calls = tuple(
-            ToolCall(
-                # Unique when the endpoint sends none: results are matched to calls by id.
-                slot["id"] or f"call_{uuid.uuid4().hex[:12]}",
-                slot["name"],
-                _parse_arguments(slot["arguments"]),
+        try:
+            return await self._complete(request, on_delta)
+        except openai.APIStatusError as exc:
+            detail = _error_detail(exc.body, exc.message)
+            raise fault_for_status(exc.status_code, detail, exc.response.headers) from exc
+        except openai.APITimeoutError as exc:
+            raise ModelFault(
+                "idle_timeout", f"the model server sent nothing for {self.idle_timeout:g} s"
+            ) from exc
+        except openai.APIConnectionError as exc:
+            raise ModelFault("connection_error", _connection_detail(exc)) from exc
+        except openai.APIError as exc:  # an error event in the middle of the stream
+            kind: FaultKind = (
+                "context_too_long" if is_context_overflow(exc.message) else "server_error"
             )
-            for index, slot in sorted(calls.items())
+            raise ModelFault(kind, f"the model stream failed: {exc.message}") from exc
+        except ValueError as exc:  # a data line that is not JSON
+            raise ModelFault("server_error", f"the model stream is malformed: {exc}") from exc
+
+    async def _complete(self, request: ModelRequest, on_delta: DeltaSink) -> AssistantMessage:
+        tools = to_openai_tools(request.tools)
+        arguments = settings_arguments(
+            request.settings,
+            has_tools=bool(tools),
+            max_tokens_field=max_tokens_field(str(self.client.base_url)),
         )
-        stop = FINISH_REASONS.get(finish, "error")
-        return AssistantMessage(text="".join(text), tool_calls=tool_calls, stop_reason=stop)
+        stream = await self.client.chat.completions.create(
+            model=self.model,
+            messages=cast(
+                list[ChatCompletionMessageParam],
+                to_openai_messages(request.conversation, request.instructions),
+            ),
+            tools=cast(Any, tools) if tools else openai.omit,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=arguments or None,
+        )
+        turn = _Turn()
+        async with stream:
+            content_type = stream.response.headers.get("content-type", "")
+            if "text/event-stream" not in content_type:
+                # The SDK reads such an answer as an empty stream.
+                raise ModelFault(
+                    "bad_request", f"the model server did not stream (it sent {content_type!r})"
+                )
+            async for chunk in idle_guarded(stream, self.idle_timeout):
+                await self._take(chunk, turn, on_delta)
+        return turn.reply()
+
+    async def _take(self, chunk: ChatCompletionChunk, turn: _Turn, on_delta: DeltaSink) -> None:
+        if chunk.usage is not None:
+            details = chunk.usage.prompt_tokens_details
+            turn.usage = Usage(
+                chunk.usage.prompt_tokens,
+                chunk.usage.completion_tokens,
+                (details.cached_tokens or 0) if details is not None else 0,
+            )
+        if chunk.choices is None:
+            # Some servers (older vLLM) send a bare error object as a chunk.
+            extra = chunk.model_extra or {}
+            status = extra.get("code")
+            detail = str(extra.get("message") or extra)
+            if isinstance(status, int) and 400 <= status < 600:
+                raise fault_for_status(status, detail)
+            raise ModelFault("server_error", f"the model stream failed: {detail}")
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                turn.text.append(delta.content)
+                await on_delta(delta.content)
+            for piece in delta.tool_calls or ():
+                slot = turn.calls.setdefault(piece.index, _CallSlot())
+                slot.id = piece.id or slot.id
+                if piece.function is not None:
+                    if piece.function.name:
+                        slot.add_name(piece.function.name)
+                    slot.arguments += piece.function.arguments or ""
+            if choice.finish_reason:
+                turn.finish = choice.finish_reason
+
+
+def _error_detail(body: object, fallback: str) -> str:
+    """The provider's own words: `message`, with `type` and `code` when it gives them."""
+    if not isinstance(body, dict) or not body.get("message"):
+        return fallback
+    tags = [str(body[key]) for key in ("type", "code") if body.get(key)]
+    return f"{body['message']} ({', '.join(tags)})" if tags else str(body["message"])
+
+
+def _connection_detail(exc: openai.APIConnectionError) -> str:
+    cause = exc.__cause__
+    reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+    return f"could not talk to the model server ({reason})"

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from app.agent.conversation import AssistantMessage, StopReason, ToolCall, last_user_text
-from app.agent.models.base import DeltaSink, ModelRequest
+from app.agent.models.base import DeltaSink, ModelFault, ModelRequest
 from app.agent.resume import completed_turns
 
 
@@ -28,15 +28,19 @@ def split_chunks(text: str, chunks: int) -> list[str]:
 class ScriptedModel:
     def __init__(self, script: list[dict[str, Any]]) -> None:
         self.script = script
+        # Faults raised so far, per turn: a turn's `fault` fires its first `times` plays in
+        # this run (a crash starts the count again, as a fresh provider connection would).
+        self.faults_raised: dict[int, int] = {}
 
-    def turn_for(self, request: ModelRequest) -> dict[str, Any]:
+    def turn_for(self, request: ModelRequest) -> tuple[int, dict[str, Any]]:
         index = completed_turns(request.conversation)
         if index < len(self.script):
-            return self.script[index]
-        return {"text": f"You said: {last_user_text(request.conversation)}", "stopReason": "stop"}
+            return index, self.script[index]
+        echo = {"text": f"You said: {last_user_text(request.conversation)}", "stopReason": "stop"}
+        return index, echo
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink) -> AssistantMessage:
-        turn = self.turn_for(request)
+        index, turn = self.turn_for(request)
         text = str(turn.get("text") or "")
         pieces = split_chunks(text, int(turn.get("chunks") or 1))
         delay = float(turn.get("delayMs") or 0) / 1000
@@ -47,6 +51,7 @@ class ScriptedModel:
                 await on_delta(piece)
         elif delay:
             await asyncio.sleep(delay)
+        self.raise_fault(index, turn.get("fault"))
         calls = tuple(
             # Fresh ids on every play: a replayed turn re-issues the same calls under new ids,
             # so their results never collide with the interrupted ones.
@@ -57,3 +62,15 @@ class ScriptedModel:
         )
         stop: StopReason = turn.get("stopReason") or ("tool_use" if calls else "stop")
         return AssistantMessage(text=text, tool_calls=calls, stop_reason=stop)
+
+    def raise_fault(self, index: int, fault: dict[str, Any] | None) -> None:
+        """Fail the turn as a provider would, after its text streamed (a cut-off answer)."""
+        if not fault or self.faults_raised.get(index, 0) >= int(fault.get("times") or 1):
+            return
+        self.faults_raised[index] = self.faults_raised.get(index, 0) + 1
+        retry_after = fault.get("retryAfterMs")
+        raise ModelFault(
+            fault["kind"],
+            f"scripted fault: {fault['kind']}",
+            retry_after=retry_after / 1000 if retry_after is not None else None,
+        )

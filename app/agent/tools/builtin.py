@@ -6,11 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-from app.agent.tools.registry import Tool, ToolContext
+from app.agent.tools.registry import Tool, ToolContext, ToolError
 
 MAX_SLEEP_SECONDS = 3600
 MAX_NOTE_KEY_CHARS = 200
 MAX_NOTE_CHARS = 100_000
+MAX_QUESTION_CHARS = 10_000
 ASK_USER_CONTENT = "question sent to the user; their answer arrives as the next user message"
 
 
@@ -21,6 +22,8 @@ async def _sleep(arguments: dict[str, Any], _: ToolContext) -> str:
 
 
 async def _put_note(arguments: dict[str, Any], context: ToolContext) -> str:
+    if len(arguments["text"]) > MAX_NOTE_CHARS:
+        raise ToolError(f"text: at most {MAX_NOTE_CHARS} characters")
     await context.notes.put(arguments["key"], arguments["text"])
     return f"saved note {arguments['key']!r}"
 
@@ -31,6 +34,8 @@ async def _get_note(arguments: dict[str, Any], context: ToolContext) -> str:
 
 
 async def _ask_user(arguments: dict[str, Any], _: ToolContext) -> str:
+    if len(arguments["question"]) > MAX_QUESTION_CHARS:
+        raise ToolError(f"question: at most {MAX_QUESTION_CHARS} characters")
     return ASK_USER_CONTENT
 
 
@@ -48,6 +53,7 @@ BUILTIN_TOOLS = [
         },
         run=_sleep,
         idempotent=True,
+        source="builtin",
         timeout=MAX_SLEEP_SECONDS + 60,
     ),
     Tool(
@@ -57,13 +63,16 @@ BUILTIN_TOOLS = [
             "type": "object",
             "properties": {
                 "key": {"type": "string", "minLength": 1, "maxLength": MAX_NOTE_KEY_CHARS},
-                "text": {"type": "string", "maxLength": MAX_NOTE_CHARS},
+                # Its bound is checked in the tool: a schema bound this large makes some
+                # servers' grammar compilers overflow (llama-cpp-python) when the tool is forced.
+                "text": {"type": "string"},
             },
             "required": ["key", "text"],
             "additionalProperties": False,
         },
         run=_put_note,
         idempotent=True,
+        source="builtin",
     ),
     Tool(
         name="get_note",
@@ -78,6 +87,7 @@ BUILTIN_TOOLS = [
         },
         run=_get_note,
         idempotent=True,
+        source="builtin",
     ),
     Tool(
         name="ask_user",
@@ -85,7 +95,7 @@ BUILTIN_TOOLS = [
         parameters={
             "type": "object",
             "properties": {
-                "question": {"type": "string", "minLength": 1, "maxLength": 10_000},
+                "question": {"type": "string", "minLength": 1},
                 "options": {"type": "array", "items": {"type": "string"}, "maxItems": 20},
             },
             "required": ["question"],
@@ -93,6 +103,7 @@ BUILTIN_TOOLS = [
         },
         run=_ask_user,
         idempotent=True,
+        source="builtin",
         ends_turn=True,
     ),
 ]

@@ -57,6 +57,8 @@ class Tool:
     idempotent: bool = False
     timeout: float | None = None  # seconds; None: the default (FERRYMAN_TOOL_TIMEOUT)
     ends_turn: bool = False  # ask_user: the session waits for the user afterwards
+    requires_approval: bool = False  # every call waits for a person's approval
+    source: str = "plugin"  # "builtin", "plugin" or "mcp:<server>"
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +67,17 @@ class Tool:
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
+
+    def catalog_entry(self) -> dict[str, Any]:
+        """How GET /api/tools shows it."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "idempotent": self.idempotent,
+            "requiresApproval": self.requires_approval,
+            "source": self.source,
+        }
 
     def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
         return [
@@ -89,6 +102,9 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+    def tools(self) -> list[Tool]:
+        return [self._tools[n] for n in self.names()]
 
     def turn_enders(self) -> frozenset[str]:
         """Names of the tools after which the session waits for the user."""

@@ -36,6 +36,18 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _check_mcp_servers(settings: Settings) -> None:
+    """Refuse to start on an MCP config the worker could not use, saying what is wrong."""
+    if settings.mcp_servers is None:
+        return
+    from app.agent.tools.mcp import McpConfigError, load_config
+
+    try:
+        load_config(settings.mcp_servers)
+    except McpConfigError as exc:
+        _fail(f"FERRYMAN_MCP_SERVERS: {exc}")
+
+
 class _Server(uvicorn.Server):
     """uvicorn, but a signal first tells open SSE streams to end, so shutdown is not held up
     by clients that never hang up."""
@@ -61,6 +73,8 @@ def serve(
 
     settings = _settings(host=host, port=port)
     configure_logs(settings.log_level, settings.log_format)
+    if worker:
+        _check_mcp_servers(settings)
     if settings.auth_mode == "local" and not is_loopback(settings.host):
         _fail(
             f"refusing to serve {settings.host} without API keys: local mode trusts every "
@@ -113,6 +127,7 @@ def worker_command(
 
     settings = _settings(worker_concurrency=concurrency)
     configure_logs(settings.log_level, settings.log_format)
+    _check_mcp_servers(settings)
     url = bootstrap.prepare(settings)
 
     async def run() -> None:

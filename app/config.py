@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     model_retry_max_delay: float = Field(default=60.0, ge=0)
     # A TOML or JSON file listing MCP servers whose tools the agent may use.
     mcp_servers: Path | None = None
+    mcp_connect_timeout: float = Field(default=30.0, ge=0)
 
     # Streams.
     ping_interval: float = 15.0

@@ -9,6 +9,7 @@ workers run theirs).
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
@@ -25,6 +26,17 @@ from tests.support import (
     running,
     stop_all,
 )
+
+# Every server and worker the tests start inherits these unless a test says otherwise: no test
+# reaches a real model provider (nor spends a developer's key), and a session naming one fails
+# at once instead of holding a worker's slot through retries (the shared database keeps such
+# sessions, made by API tests, where later tests' workers claim them).
+for name, value in {
+    "FERRYMAN_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+    "FERRYMAN_ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+    "FERRYMAN_MODEL_MAX_RETRIES": "0",
+}.items():
+    os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

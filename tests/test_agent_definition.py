@@ -1,5 +1,9 @@
 """A session's agent definition over HTTP: instructions, model settings, approvals, usage on the
-Session, their validation, and GET /api/tools (SPEC section 6.1, 6.2)."""
+Session, their validation, and GET /api/tools (SPEC section 6.1, 6.2).
+
+The sessions made here name providers no test worker can reach, so they stay on a database of
+this module's own (`api`, no worker): a worker on the shared one would spend its slots
+retrying them."""
 
 from __future__ import annotations
 
@@ -7,12 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.support import ServerProcess, assert_problem, client, create_session
+from tests.support import ServerProcess, assert_problem, client, create_session, running
 
 
-async def test_the_definition_is_stored_and_shown(
-    server: ServerProcess, owner_key: tuple[str, str]
-) -> None:
+async def test_the_definition_is_stored_and_shown(api: ServerProcess, key: str) -> None:
     settings = {
         "temperature": 0.2,
         "topP": 0.9,
@@ -22,7 +24,7 @@ async def test_the_definition_is_stored_and_shown(
         "stop": ["END", "\n\n"],
         "reasoningEffort": "low",
     }
-    async with client(server.url, owner_key[1]) as http:
+    async with client(api.url, key) as http:
         created = await create_session(
             http,
             "hi",
@@ -41,8 +43,8 @@ async def test_the_definition_is_stored_and_shown(
         assert session["model"] == "openai:gpt-test"
 
 
-async def test_defaults(server: ServerProcess, owner_key: tuple[str, str]) -> None:
-    async with client(server.url, owner_key[1]) as http:
+async def test_defaults(api: ServerProcess, key: str) -> None:
+    async with client(api.url, key) as http:
         session = await create_session(http, "hi", modelSettings={"temperature": 0})
     assert session["instructions"] is None
     assert session["modelSettings"] == {"temperature": 0}  # unset ones are left out
@@ -74,24 +76,22 @@ async def test_defaults(server: ServerProcess, owner_key: tuple[str, str]) -> No
     ],
 )
 async def test_bad_definitions_are_refused(
-    server: ServerProcess, owner_key: tuple[str, str], body: dict[str, Any], field: str
+    api: ServerProcess, key: str, body: dict[str, Any], field: str
 ) -> None:
-    async with client(server.url, owner_key[1]) as http:
+    async with client(api.url, key) as http:
         response = await http.post("/api/agent", json={"prompt": "hi", **body})
     problem = assert_problem(response, 422, "VALIDATION_ERROR")
     assert any(e["field"].startswith(field) for e in problem["errors"]), problem
 
 
-async def test_models_of_every_provider_are_accepted(
-    server: ServerProcess, owner_key: tuple[str, str]
-) -> None:
-    async with client(server.url, owner_key[1]) as http:
+async def test_models_of_every_provider_are_accepted(api: ServerProcess, key: str) -> None:
+    async with client(api.url, key) as http:
         for name in ("scripted", "openai:gpt-5.1-mini", "anthropic:claude-sonnet-4-5@20250929"):
             assert (await create_session(http, "hi", model=name))["model"] == name
 
 
-async def test_the_tool_list(server: ServerProcess, owner_key: tuple[str, str]) -> None:
-    async with client(server.url, owner_key[1]) as http:
+async def test_the_tool_list(api: ServerProcess, key: str) -> None:
+    async with client(api.url, key) as http:
         response = await http.get("/api/tools")
     assert response.status_code == 200
     tools = {t["name"]: t for t in response.json()["tools"]}
@@ -104,9 +104,7 @@ async def test_the_tool_list(server: ServerProcess, owner_key: tuple[str, str]) 
     assert note["description"]
 
 
-async def test_the_tool_list_needs_a_key_in_keys_mode(database_url: str) -> None:
-    from tests.support import running
-
-    with running(ServerProcess(database_url, env={"FERRYMAN_AUTH": "keys"})) as keyed:
+async def test_the_tool_list_needs_a_key_in_keys_mode(isolated_db: str) -> None:
+    with running(ServerProcess(isolated_db, env={"FERRYMAN_AUTH": "keys"})) as keyed:
         async with client(keyed.url) as http:
             assert_problem(await http.get("/api/tools"), 401, "AUTH_REQUIRED")

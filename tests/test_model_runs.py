@@ -16,6 +16,7 @@ import pytest
 
 from tests.fake_provider import (
     FakeProvider,
+    chunk,
     error_reply,
     serving,
     text_reply,
@@ -28,6 +29,7 @@ from tests.support import (
     StartWorker,
     client,
     create_session,
+    fresh_database,
     new_session,
     of_type,
     query,
@@ -300,12 +302,15 @@ async def test_a_token_is_shown_while_the_stream_stalls(
     assert arrivals[-1][0] - first_at >= 1.0  # it came before the stall ended
 
 
-async def test_token_metrics(database_url: str, fake: FakeProvider) -> None:
+async def test_token_metrics(fake: FakeProvider) -> None:
     answer = text_reply("ok")
     answer.frames.insert(-1, usage_chunk(7, 3))
     fake.answer(answer)
     env = worker_env(fake)
-    with running(ServerProcess(database_url, env=env, worker=True)) as served:
+    with (
+        fresh_database("ferryman_test") as url,
+        running(ServerProcess(url, env=env, worker=True)) as served,
+    ):
         async with client(served.url) as http:
             session = await create_session(http, "hi", model="openai:fake-model")
             await finished(http, session["id"])
@@ -325,3 +330,39 @@ def _seconds_between(start: str, end: str) -> float:
 
 async def test_nothing_is_left_running(api: ServerProcess) -> None:
     await asyncio.sleep(0)  # the module's workers stop with their tests
+
+
+async def test_arguments_that_are_not_json_fail_the_call_not_the_session(
+    api: ServerProcess, key: str, start_worker: StartWorker, fake: FakeProvider
+) -> None:
+    await ready(start_worker(worker_env(fake)))
+    broken = tool_reply("get_note", {})
+    broken.frames[0] = chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_x",
+                    "type": "function",
+                    "function": {"name": "get_note", "arguments": '{"key": '},
+                }
+            ]
+        }
+    )
+    fake.answer(broken, text_reply("Sorry."))
+    async with client(api.url, key) as http:
+        sid = await new_session(http, model="openai:fake-model")
+        assert (await finished(http, sid))["status"] == "succeeded"
+        events = await transcript(http, sid)
+    (result,) = of_type(events, "tool_result")
+    assert result["data"]["isError"] is True
+    assert result["data"]["content"].startswith("invalid arguments: not a JSON object")
+    assert of_type(events, "assistant_message")[0]["data"]["toolCalls"][0] == {
+        "id": "call_x",
+        "name": "get_note",
+        "arguments": {},
+        "invalidArguments": '{"key": ',
+    }
+    # The model is shown what it wrote, not a re-wrapped object.
+    shown = fake.requests[1].body["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    assert shown == '{"key": '

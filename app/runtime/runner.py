@@ -477,6 +477,13 @@ class Run:
             # The same call replayed right after a crash: it may already have taken effect.
             self.not_rerun.discard(_call_key(call))
             return ToolResult(call.id, call.name, NOT_RERUN_CONTENT, is_error=True)
+        if call.invalid_arguments is not None:
+            return ToolResult(
+                call.id,
+                call.name,
+                "invalid arguments: not a JSON object (the call's arguments are shown as sent)",
+                is_error=True,
+            )
         problems = tool.argument_errors(call.arguments)
         if problems:
             return ToolResult(

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 
 from app.agent.models import ProviderConfig, Providers, RetryPolicy
 from app.agent.tools import ToolRegistry
+from app.agent.tools.mcp import McpServer, load_config
 from app.bus import Bus
 from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Database
@@ -77,6 +78,12 @@ class Worker:
                 max_delay=settings.model_retry_max_delay,
             ),
         )
+        # MCP servers' connections live as long as the worker; their tools join the registry
+        # each time a server (re)connects.
+        self.mcp_servers = [
+            McpServer(config, self._on_mcp_tools)
+            for config in (load_config(settings.mcp_servers) if settings.mcp_servers else [])
+        ]
         self.runs: dict[UUID, Run] = {}
         self.tasks: set[asyncio.Future[None]] = set()
         self.stopping = asyncio.Event()
@@ -131,6 +138,7 @@ class Worker:
         )
         heartbeat.start()
         await asyncio.to_thread(heartbeat.registered.wait)
+        await self._connect_mcp_servers()
         await self._publish_tools()
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         slots = asyncio.Semaphore(self.concurrency)
@@ -166,10 +174,35 @@ class Worker:
             watcher.cancel()
             self._abort_all("shutdown")
             await asyncio.gather(watcher, *self.tasks, return_exceptions=True)
+            await asyncio.gather(*(server.stop() for server in self.mcp_servers))
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)
             await self.context.providers.aclose()
             log.info("worker %s stopped", self.id)
+
+    async def _connect_mcp_servers(self) -> None:
+        """Start every MCP server and give them FERRYMAN_MCP_CONNECT_TIMEOUT to list their
+        tools before the first claim; one that is not up by then joins when it is."""
+        for server in self.mcp_servers:
+            server.start()
+        timeout = self.settings.mcp_connect_timeout
+        connected = await asyncio.gather(
+            *(server.wait_connected(timeout) for server in self.mcp_servers)
+        )
+        for server, up in zip(self.mcp_servers, connected, strict=True):
+            if not up:
+                log.warning(
+                    "MCP server %s is not up after %g s; its tools come when it is",
+                    server.name,
+                    timeout,
+                )
+
+    def _on_mcp_tools(self, server: McpServer) -> None:
+        self.context.registry.replace_source(server.source, server.tools)
+        if self.loop is not None and self.stopping.is_set() is False:
+            task = asyncio.ensure_future(self._publish_tools())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     async def _publish_tools(self) -> None:
         """Publish the tools this worker offers, for GET /api/tools."""

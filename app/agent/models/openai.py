@@ -222,17 +222,26 @@ class OpenAIModel:
             has_tools=bool(tools),
             max_tokens_field=max_tokens_field(str(self.client.base_url)),
         )
-        stream = await self.client.chat.completions.create(
-            model=self.model,
-            messages=cast(
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": cast(
                 list[ChatCompletionMessageParam],
                 to_openai_messages(request.conversation, request.instructions),
             ),
-            tools=cast(Any, tools) if tools else openai.omit,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body=arguments or None,
-        )
+            "tools": cast(Any, tools) if tools else openai.omit,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "extra_body": arguments or None,
+        }
+        try:
+            stream = await self.client.chat.completions.create(**body)
+        except openai.APITimeoutError:
+            raise
+        except openai.APIConnectionError:
+            # A pooled connection the server closed as we reused it: llama.cpp closes each one
+            # after a streamed answer while announcing keep-alive. Nothing was answered, so one
+            # immediate second try is safe; a server that is really down fails it too.
+            stream = await self.client.chat.completions.create(**body)
         turn = _Turn()
         async with stream:
             content_type = stream.response.headers.get("content-type", "")

@@ -97,6 +97,16 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r} is registered twice")
         self._tools[tool.name] = tool
 
+    def replace_source(self, source: str, tools: Iterable[Tool]) -> None:
+        """Swap every tool of one source (an MCP server whose tools were listed again)."""
+        kept = {n: t for n, t in self._tools.items() if t.source != source}
+        for tool in tools:
+            if tool.name in kept:
+                log.warning("tool %s of %s left out: the name is taken", tool.name, source)
+                continue
+            kept[tool.name] = tool
+        self._tools = kept
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 

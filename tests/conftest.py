@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from app.db.pool import Database
+from tests.fake_provider import FakeProvider, serving
 from tests.support import (
     WORKER_ENV,
     ServerProcess,
@@ -118,3 +119,20 @@ def shared_worker(isolated_db: str) -> Iterator[WorkerProcess]:
     worker = WorkerProcess(isolated_db, env=WORKER_ENV, concurrency=4).start()
     yield worker
     stop_all([worker])
+
+
+# --- a model provider that misbehaves on cue ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[FakeProvider]:
+    """The fake provider of tests/fake_provider.py, one per module that asks for it."""
+    with serving() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(provider: FakeProvider) -> FakeProvider:
+    """The module's fake provider with no answers queued and no requests seen."""
+    provider.reset()
+    return provider

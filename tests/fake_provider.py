@@ -98,6 +98,16 @@ class FakeProvider:
         )
 
 
+class Deltas:
+    """An `on_delta` sink that keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+
+    async def __call__(self, text: str) -> None:
+        self.pieces.append(text)
+
+
 @contextmanager
 def serving() -> Iterator[FakeProvider]:
     fake = FakeProvider()

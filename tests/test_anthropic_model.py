@@ -3,7 +3,6 @@ the Messages API's event stream, and fails as the real one does (tests/fake_prov
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,36 +12,15 @@ from app.agent.models import ModelFault, ModelRequest, ModelSettings, ProviderCo
 from app.agent.models.anthropic import AnthropicModel, settings_arguments, to_anthropic_messages
 from app.agent.models.base import ToolSpec
 from tests.fake_provider import (
+    Deltas,
     FakeProvider,
     Reply,
     event,
     message_end,
     message_start,
-    serving,
     text_block,
     tool_use_block,
 )
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[FakeProvider]:
-    with serving() as fake:
-        yield fake
-
-
-@pytest.fixture
-def fake(provider: FakeProvider) -> FakeProvider:
-    provider.reset()
-    return provider
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.pieces.append(text)
-
 
 PROMPT = ModelRequest((UserMessage("hello"),), ())
 TOOLS = (ToolSpec("get_note", "Read a note.", {"type": "object", "properties": {}}),)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from tests.fake_provider import (
     FakeProvider,
     chunk,
     error_reply,
-    serving,
     text_reply,
     tool_reply,
     usage_chunk,
@@ -48,18 +46,6 @@ FAST_RETRIES = {
     "FERRYMAN_MODEL_MAX_RETRIES": "3",
     "FERRYMAN_MODEL_IDLE_TIMEOUT": "1",
 }
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[FakeProvider]:
-    with serving() as fake:
-        yield fake
-
-
-@pytest.fixture
-def fake(provider: FakeProvider) -> FakeProvider:
-    provider.reset()
-    return provider
 
 
 def worker_env(fake: FakeProvider, **more: str) -> dict[str, str]:

@@ -4,7 +4,6 @@ answers as OpenAI does, and misbehaves as real servers do (tests/fake_provider.p
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,36 +21,15 @@ from app.agent.models.openai import (
 )
 from tests.fake_provider import (
     DONE,
+    Deltas,
     FakeProvider,
     Frame,
     Reply,
     chunk,
     error_reply,
-    serving,
     text_reply,
     usage_chunk,
 )
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[FakeProvider]:
-    with serving() as fake:
-        yield fake
-
-
-@pytest.fixture
-def fake(provider: FakeProvider) -> FakeProvider:
-    provider.reset()
-    return provider
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.pieces.append(text)
-
 
 PROMPT = ModelRequest((UserMessage("hello"),), ())
 

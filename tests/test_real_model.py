@@ -47,6 +47,14 @@ def env(llm: LlamaServer) -> dict[str, str]:
     return {"FERRYMAN_OPENAI_BASE_URL": llm.base_url, "FERRYMAN_MODEL_IDLE_TIMEOUT": "20"}
 
 
+async def first_delta(http: httpx.AsyncClient, sid: str) -> None:
+    """Return once the model has begun to stream its answer."""
+    async with sse(http, f"/api/agent/{sid}/events") as events:
+        async for event in events:
+            if event.event == "message_delta":
+                return
+
+
 async def deltas_until_end(http: httpx.AsyncClient, sid: str) -> list[str]:
     texts: list[str] = []
     async with sse(http, f"/api/agent/{sid}/events") as events:
@@ -111,10 +119,7 @@ async def test_cancel_mid_generation(
         sid = await new_session(
             http, TICK, model=MODEL, tools=[], modelSettings={"maxTokens": 200_000}
         )
-        async with sse(http, f"/api/agent/{sid}/events") as events:
-            async for event in events:
-                if event.event == "message_delta":
-                    break
+        await first_delta(http, sid)
         started = time.monotonic()
         cancelled = await http.post(f"/api/agent/{sid}/cancel", params={"wait": "true"})
         took = time.monotonic() - started
@@ -142,10 +147,7 @@ async def test_a_worker_killed_mid_generation_is_resumed(
         sid = await new_session(
             http, TICK, model=MODEL, tools=[], modelSettings={"maxTokens": 3000}
         )
-        async with sse(http, f"/api/agent/{sid}/events") as events:
-            async for event in events:
-                if event.event == "message_delta":
-                    break
+        await first_delta(http, sid)
         victim.signal(signal.SIGKILL)
         await ready(start_worker(env(llm)))
         resumed = await wait_event(http, sid, lambda e: e["type"] == "session_resumed", timeout=30)

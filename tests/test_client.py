@@ -32,6 +32,21 @@ async def test_sdk_round_trip(server: ServerProcess, owner_key: tuple[str, str])
         assert error.value.status == 404
 
 
+async def test_sdk_tools_and_approvals(server: ServerProcess, owner_key: tuple[str, str]) -> None:
+    _, key = owner_key
+    async with FerrymanClient(server.url, api_key=key) as ferryman:
+        tools = {t["name"]: t for t in await ferryman.list_tools()}
+        assert tools["get_note"]["source"] == "builtin"
+        created = await ferryman.create_session(
+            "hi", instructions="Be brief.", approvalRequired=["put_note"]
+        )
+        assert created["instructions"] == "Be brief."
+        with pytest.raises(ApiError) as error:
+            await ferryman.decide_tool_call(created["id"], "call_x", True, reason="fine")
+        assert error.value.code == "APPROVAL_NOT_PENDING"
+        await ferryman.cancel_session(created["id"])
+
+
 async def test_owner_stream_survives_server_restart(database_url: str) -> None:
     _, key = create_owner_key(database_url)
     api = ServerProcess(database_url).start()

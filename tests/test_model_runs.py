@@ -7,6 +7,7 @@ and the agent definition and usage travel with every turn (SPEC section 6.1)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from typing import Any
@@ -352,3 +353,35 @@ async def test_arguments_that_are_not_json_fail_the_call_not_the_session(
     # The model is shown what it wrote, not a re-wrapped object.
     shown = fake.requests[1].body["messages"][1]["tool_calls"][0]["function"]["arguments"]
     assert shown == '{"key": '
+
+
+async def test_the_definition_survives_a_crash(
+    api: ServerProcess, key: str, start_worker: StartWorker, fake: FakeProvider
+) -> None:
+    """The worker dies while the provider streams; the resumed run asks with the same
+    instructions and settings."""
+    victim = start_worker(worker_env(fake, FERRYMAN_MODEL_IDLE_TIMEOUT="30"))
+    await ready(victim)
+    stalled = text_reply("Thinking", " more")
+    stalled.stall_after, stalled.stall = 2, 60.0
+    fake.answer(stalled, text_reply("Answered."))
+    async with client(api.url, key) as http:
+        sid = await new_session(
+            http,
+            model="openai:fake-model",
+            instructions="Be brief.",
+            modelSettings={"temperature": 0.3, "stop": ["END"]},
+        )
+        deadline = time.monotonic() + 20
+        while not fake.requests:
+            assert time.monotonic() < deadline, "the model was never called"
+            await asyncio.sleep(0.05)
+        victim.signal(signal.SIGKILL)
+        await ready(start_worker(worker_env(fake)))
+        assert (await finished(http, sid))["status"] == "succeeded"
+        events = await transcript(http, sid)
+    assert of_type(events, "session_resumed")[0]["data"]["reason"] == "crash"
+    assert len(fake.requests) == 2
+    for seen in fake.requests:
+        assert seen.body["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert seen.body["temperature"] == 0.3 and seen.body["stop"] == ["END"]

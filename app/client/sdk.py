@@ -123,6 +123,24 @@ class FerrymanClient:
         )
         return answer
 
+    async def decide_tool_call(
+        self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Approve or deny a tool call that waits for approval (`tool_approval_requested`)."""
+        body: dict[str, Any] = {"approved": approved}
+        if reason is not None:
+            body["reason"] = reason
+        answer: dict[str, Any] = await self._request(
+            "POST", f"/api/agent/{session_id}/tool-calls/{tool_call_id}/approval", json=body
+        )
+        return answer
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """Every tool a session may use, with its schema, idempotency and approval policy."""
+        answer: dict[str, Any] = await self._request("GET", "/api/tools")
+        tools: list[dict[str, Any]] = answer["tools"]
+        return tools
+
     async def transcript(
         self, session_id: str, *, after: int = 0, limit: int = 200
     ) -> dict[str, Any]:

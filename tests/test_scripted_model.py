@@ -23,7 +23,7 @@ from app.agent.conversation import (
 from app.agent.models import ModelFault, ModelRequest, ProviderConfig, Providers
 from app.agent.models.scripted import ScriptedModel, split_chunks
 from app.agent.resume import interrupted_result, plan_resume
-from app.agent.tools import Tool, ToolContext, ToolRegistry
+from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
 from app.agent.tools.builtin import ASK_USER_CONTENT, BUILTIN_TOOLS, MAX_SLEEP_SECONDS
 
 # --- helpers --------------------------------------------------------------------------------
@@ -461,6 +461,32 @@ async def test_builtin_tools_run() -> None:
         "text": "two",
     }
     assert await builtin("ask_user").run({"question": "?"}, ctx) == ASK_USER_CONTENT
+
+
+def _bounds(schema: Any) -> list[int]:
+    """Every maxLength / maxItems in a JSON schema, however deep."""
+    if isinstance(schema, dict):
+        found = [v for k, v in schema.items() if k in ("maxLength", "maxItems")]
+        return found + [b for v in schema.values() for b in _bounds(v)]
+    if isinstance(schema, list):
+        return [b for v in schema for b in _bounds(v)]
+    return []
+
+
+def test_schemas_offered_to_models_have_no_huge_bounds() -> None:
+    """A `maxLength` of 100,000 made llama-cpp-python's grammar compiler overflow its stack when
+    `put_note` was forced; such bounds are checked by the tools themselves."""
+    for tool in BUILTIN_TOOLS:
+        assert all(bound <= 1000 for bound in _bounds(tool.parameters)), tool.name
+
+
+async def test_big_notes_and_questions_are_refused_by_the_tools() -> None:
+    ctx = context(MemoryNotes())
+    with pytest.raises(ToolError, match="at most 100000 characters"):
+        await builtin("put_note").run({"key": "k", "text": "x" * 100_001}, ctx)
+    with pytest.raises(ToolError, match="at most 10000 characters"):
+        await builtin("ask_user").run({"question": "?" * 10_001}, ctx)
+    await builtin("put_note").run({"key": "k", "text": "x" * 100_000}, ctx)
 
 
 async def test_sleep_honours_cancel() -> None:

@@ -199,7 +199,7 @@ class Worker:
 
     def _on_mcp_tools(self, server: McpServer) -> None:
         self.context.registry.replace_source(server.source, server.tools)
-        if self.loop is not None and self.stopping.is_set() is False:
+        if self.loop is not None and not self.stopping.is_set():
             task = asyncio.ensure_future(self._publish_tools())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)

@@ -224,14 +224,7 @@ async def add_usage(
             cached_tokens = cached_tokens + %s
         WHERE id = %s AND lease_worker_id = %s AND attempt = %s
         """,
-        (
-            input_,
-            output,
-            cached,
-            session_id,
-            fence.worker_id,
-            fence.attempt,
-        ),
+        (input_, output, cached, session_id, fence.worker_id, fence.attempt),
     )
 
 

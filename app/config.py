@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     pool_min_size: int = 2
     pool_max_size: int = 20
     pool_timeout: float = 5.0
+    # Set on every pooled connection, so a stuck lock or a runaway query gives the connection
+    # back (and the request a 503) instead of holding it.
+    db_statement_timeout: float = Field(default=10.0, ge=0)  # 0: none
+    db_lock_timeout: float = Field(default=3.0, ge=0)
+    db_idle_in_transaction_timeout: float = Field(default=30.0, ge=0)
+    # The embedded PostgreSQL is restarted if its server stops under a running process.
+    embedded_check_interval: float = Field(default=2.0, gt=0)
 
     # Runner (used by the worker).
     heartbeat_interval: float = 2.0
@@ -80,10 +87,24 @@ class Settings(BaseSettings):
     replay_limit: int = 1000
     sse_retry_ms: int = 2000
     max_streams_per_owner: int = Field(default=1000, ge=1)
+    # One SSE write carries at most this many bytes (or one event, if that is bigger), and a
+    # feed keeps at most this many bytes of recent events in memory.
+    stream_write_bytes: int = Field(default=65_536, ge=1024)
+    feed_buffer_bytes: int = Field(default=16 * 1_048_576, ge=65_536)
 
     # Limits.
     max_body_bytes: int = 1_048_576
     cancel_wait_seconds: float = 30.0
+    # A transcript page stops at this many bytes of events (or one event, if that is bigger).
+    transcript_page_bytes: int = Field(default=4 * 1_048_576, ge=65_536)
+    # A run-written event (model text, a tool result) is cut to this size, with a marker.
+    max_event_bytes: int = Field(default=262_144, ge=4096)
+
+    # Local mode answers only local pages: loopback Host names, and these extra ones (a name
+    # in /etc/hosts that points to 127.0.0.1, say), comma-separated.
+    local_hosts: str = ""
+    # /metrics in keys mode: unset, it wants an API key; set, this bearer token instead.
+    metrics_token: SecretStr | None = None
 
     # Retention.
     owner_event_retention_days: float = 7.0

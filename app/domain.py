@@ -5,6 +5,7 @@ Pure: no I/O, no framework imports, so the store, the API and the runtime all st
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -40,6 +41,19 @@ MODEL_NAME_PATTERN = r"^(scripted|(openai|anthropic):[A-Za-z0-9._:/@-]{1,200})$"
 MAX_STOP_SEQUENCES = 4
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_TITLE_CHARS = 80
+# Owner ids: API keys are made for them, feeds are keyed by them (`o:<owner>` on the bus, where
+# `|` separates an ephemeral frame), so one format everywhere.
+OWNER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+
+
+def check_owner_id(owner_id: str) -> str:
+    """`owner_id` if it has the one owner format; ValueError saying what it must be otherwise."""
+    if not OWNER_ID_PATTERN.fullmatch(owner_id):
+        raise ValueError(
+            f"invalid owner id {owner_id[:40]!r}: 1 to 128 letters, digits and . _ @ -,"
+            " starting with a letter or a digit"
+        )
+    return owner_id
 
 
 def default_title(prompt: str) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from app.agent.tools import ToolRegistry
 from app.bus import Bus
 from app.config import Settings
-from app.db.pool import Database
+from app.db.pool import Database, SessionLimits
 from app.streams.feed import FeedHub
 from app.streams.sse import StreamSlots
 
@@ -30,6 +30,11 @@ class Services:
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
             timeout=settings.pool_timeout,
+            limits=SessionLimits(
+                statement_timeout=settings.db_statement_timeout,
+                lock_timeout=settings.db_lock_timeout,
+                idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
+            ),
         )
         bus = Bus(database_url)
         hub = FeedHub(bus, poll_interval=settings.poll_interval)

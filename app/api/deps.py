@@ -32,7 +32,7 @@ def get_db(services: ServicesDep) -> Database:
 DatabaseDep = Annotated[Database, Depends(get_db)]
 
 
-async def _resolve_owner(services: Services, request: Request, token: str | None) -> str:
+async def resolve_owner(services: Services, request: Request, token: str | None) -> str:
     if token is None and request.headers.get("authorization"):
         raise InvalidApiKey("the Authorization header must be `Bearer <api key>`")
     if token:
@@ -51,7 +51,8 @@ async def current_owner(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
-    return await _resolve_owner(services, request, credentials.credentials if credentials else None)
+    token = credentials.credentials if credentials else None
+    return await resolve_owner(services, request, token)
 
 
 async def current_stream_owner(
@@ -67,7 +68,7 @@ async def current_stream_owner(
     ] = None,
 ) -> str:
     token = credentials.credentials if credentials else access_token
-    return await _resolve_owner(services, request, token)
+    return await resolve_owner(services, request, token)
 
 
 Owner = Annotated[str, Depends(current_owner)]

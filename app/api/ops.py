@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 from typing import Any
 
-from fastapi import APIRouter, Response
+import psycopg
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from psycopg_pool import PoolTimeout
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, resolve_owner
 from app.api.problems import problem
 from app.db import migrate
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.errors import AuthRequired, InvalidApiKey
 
 router = APIRouter(tags=["operations"])
 
-_NOT_READY_ERRORS: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, TimeoutError)
+# The server answered, but we could not get a turn: a saturated pool or a held lock.
+_BUSY_ERRORS: tuple[type[Exception], ...] = (
+    PoolTimeout,
+    psycopg.errors.QueryCanceled,
+    psycopg.errors.LockNotAvailable,
+)
+_NOT_READY_ERRORS: tuple[type[Exception], ...] = (*_BUSY_ERRORS, *UNAVAILABLE_ERRORS, TimeoutError)
 POOL_SIZE = Gauge("ferryman_db_pool_connections", "Connections in the pool", ["state"])
 
 
@@ -30,6 +40,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(services: ServicesDep) -> Response:
     """Ready when the database answers, the LISTEN connection is up and migrations are at head."""
     checks: dict[str, Any] = {}
+    listening = services.bus.connected.is_set()
     try:
         async with asyncio.timeout(2), services.db.connection() as conn:
             cur = await conn.execute("SELECT version_num FROM alembic_version")
@@ -37,10 +48,13 @@ async def readyz(services: ServicesDep) -> Response:
         checks["database"] = "ok"
         at_head = row is not None and row["version_num"] == migrate.head_revision()
         checks["migrations"] = "ok" if at_head else "behind"
-    except _NOT_READY_ERRORS:
-        checks["database"] = "unavailable"
+    except _NOT_READY_ERRORS as exc:
+        # "busy": it is up (it answered, or our LISTEN connection to it lives) but gave us no
+        # turn in time; "unavailable": it cannot be reached.
+        up = isinstance(exc, _BUSY_ERRORS) or (isinstance(exc, TimeoutError) and listening)
+        checks["database"] = "busy" if up else "unavailable"
         checks["migrations"] = "unknown"
-    checks["listen"] = "ok" if services.bus.connected.is_set() else "disconnected"
+    checks["listen"] = "ok" if listening else "disconnected"
     if all(value == "ok" for value in checks.values()):
         return JSONResponse({"status": "ready", "checks": checks})
     return problem(
@@ -48,7 +62,29 @@ async def readyz(services: ServicesDep) -> Response:
     )
 
 
-@router.get("/metrics", operation_id="metrics", response_class=Response)
+async def _metrics_access(services: ServicesDep, request: Request) -> None:
+    """In keys mode /metrics wants FERRYMAN_METRICS_TOKEN when one is set (for a scraper that
+    is no owner), else any valid API key. Local mode answers everyone, like every route."""
+    if services.settings.auth_mode == "local":
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise AuthRequired("/metrics needs `Authorization: Bearer <token>`")
+    expected = services.settings.metrics_token
+    if expected is not None:
+        if not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+            raise InvalidApiKey("this is not FERRYMAN_METRICS_TOKEN")
+        return
+    await resolve_owner(services, request, token)
+
+
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    response_class=Response,
+    dependencies=[Depends(_metrics_access)],
+)
 async def metrics(services: ServicesDep) -> Response:
     stats = services.db.stats()
     POOL_SIZE.labels("size").set(stats.get("pool_size", 0))

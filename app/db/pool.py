@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
@@ -33,16 +35,49 @@ class _Pool(AsyncConnectionPool[Connection]):
         await super()._add_connection(attempt, growing=growing)
 
 
+@dataclass(frozen=True)
+class SessionLimits:
+    """Server-side limits of every pooled connection, in seconds (0: none): a stuck lock or a
+    runaway statement gives the connection back, with an error the API answers 503, instead of
+    holding it while requests queue behind it."""
+
+    statement_timeout: float = 0
+    lock_timeout: float = 0
+    idle_in_transaction_timeout: float = 0
+
+    def options(self, url: str) -> str:
+        """libpq `options` for these limits, after any the URL already sets."""
+        settings = {
+            "statement_timeout": self.statement_timeout,
+            "lock_timeout": self.lock_timeout,
+            "idle_in_transaction_session_timeout": self.idle_in_transaction_timeout,
+        }
+        ours = " ".join(f"-c {name}={round(value * 1000)}" for name, value in settings.items())
+        theirs = conninfo_to_dict(url).get("options")
+        return f"{theirs} {ours}" if theirs else ours
+
+
 class Database:
-    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 20, timeout: float = 5.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 20,
+        timeout: float = 5.0,
+        limits: SessionLimits | None = None,
+    ):
         self.url = url
+        connect: dict[str, Any] = {"row_factory": dict_row, "autocommit": True}
+        if limits is not None:
+            connect["options"] = limits.options(url)
         self.pool: AsyncConnectionPool[Connection] = _Pool(
             url,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,
             open=False,
-            kwargs={"row_factory": dict_row, "autocommit": True},
+            kwargs=connect,
             # A restarted server leaves dead connections in the pool: check each one on
             # checkout so the first request after a restart already succeeds.
             check=AsyncConnectionPool.check_connection,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import re
-
-_PASSWORD = re.compile(r"(://[^:/@]*:)([^@]*)@")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)(\S+)")
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 def redact(url: str) -> str:
-    """The connection string with any password replaced, safe to log."""
-    url = _PASSWORD.sub(lambda m: f"{m.group(1)}***@" if m.group(2) else m.group(0), url)
-    return _KV_PASSWORD.sub(r"\1***", url)
+    """The connection string, parsed as libpq parses it, with any password masked: safe to
+    log. One that libpq cannot parse is not shown at all (a guess could leak a password)."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<a connection string libpq cannot parse>"
+    if params.get("password"):
+        params["password"] = "***"
+    return make_conninfo("", **params)

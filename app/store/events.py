@@ -22,14 +22,20 @@ class Fence:
     worker_id: str
     attempt: int
 
+    def params(self) -> dict[str, Any]:
+        """The parameters `FENCE` names."""
+        return {"worker_id": self.worker_id, "attempt": self.attempt}
+
 
 _BUMP = """
     UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
     WHERE id = %(session_id)s {fence}
     RETURNING last_seq, attempt, owner_id
 """
-_FENCE = (
-    "AND lease_worker_id = %(worker_id)s AND attempt = %(attempt)s"
+# The whole fence, in every statement a run writes with: the holder, its attempt, and a lease
+# that has not run out (a holder frozen past its TTL writes nothing, even if no one claimed).
+FENCE = (
+    "lease_worker_id = %(worker_id)s AND attempt = %(attempt)s"
     " AND lease_expires_at > clock_timestamp()"
 )
 
@@ -51,11 +57,10 @@ async def append_session_event(
         "session_id": session_id,
         "type": type_,
         "data": Jsonb(data),
-        "worker_id": fence.worker_id if fence else None,
-        "attempt": fence.attempt if fence else None,
+        **(fence.params() if fence else {}),
     }
     query = (
-        "WITH bumped AS (" + _BUMP.format(fence=_FENCE if fence else "") + ")"
+        "WITH bumped AS (" + _BUMP.format(fence=f"AND {FENCE}" if fence else "") + ")"
         " INSERT INTO session_events (session_id, seq, attempt, type, data)"
         " SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped"
         " RETURNING session_id, seq, attempt, type, data, created_at,"

@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from app.db.pool import Connection
+from app.domain import check_owner_id
 
 KEY_PREFIX = "fm_"
 
@@ -23,6 +24,7 @@ def new_key() -> str:
 
 async def create_key(conn: Connection, owner_id: str, name: str) -> tuple[dict[str, Any], str]:
     """Store a new key for `owner_id`; return its row and the plaintext (shown once)."""
+    check_owner_id(owner_id)
     key = new_key()
     cur = await conn.execute(
         """

@@ -5,6 +5,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from app.db.pool import Connection
+from app.domain import check_owner_id
 
 CHANNEL = "ferryman"
 # Key of the notification that wakes workers when there may be work to claim.
@@ -20,7 +21,7 @@ MAX_EPHEMERAL_BYTES = 7000
 
 
 def owner_key(owner_id: str) -> str:
-    return f"o:{owner_id}"
+    return f"o:{check_owner_id(owner_id)}"
 
 
 def session_key(session_id: UUID | str) -> str:

@@ -12,7 +12,7 @@ from uuid import UUID
 from app.db.pool import Connection
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
-from app.store.events import Fence, append_owner_event, append_session_event
+from app.store.events import FENCE, Fence, append_owner_event, append_session_event
 from app.store.notify import WORK_KEY, WORKERS_KEY, notify
 from app.store.sessions import SESSION_COLUMNS, set_status
 
@@ -132,6 +132,33 @@ async def heartbeat(
     return {row["id"]: bool(row["cancel"]) for row in await cur.fetchall()}
 
 
+# Every branch implies the `sessions_claimable` index's predicate (status queued or running), so
+# a claim reads that index in creation order, never the finished sessions (tests/test_claim.py).
+CLAIM_SQL = f"""
+    WITH candidate AS (
+        SELECT s.id FROM sessions s
+        WHERE EXISTS (SELECT 1 FROM workers me
+                      WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
+          AND ((s.status = 'queued' AND s.deleted_at IS NULL)
+           OR (s.status = 'running' AND (
+                s.lease_worker_id IS NULL
+                OR s.lease_expires_at < clock_timestamp()
+                OR EXISTS (SELECT 1 FROM workers w
+                           WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
+        ORDER BY s.created_at
+        LIMIT 1
+        FOR UPDATE OF s SKIP LOCKED
+    )
+    UPDATE sessions s SET
+        status = 'running', attempt = s.attempt + 1,
+        lease_worker_id = %(worker)s, lease_pid = %(pid)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        updated_at = clock_timestamp()
+    FROM candidate WHERE s.id = candidate.id
+    RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
+"""
+
+
 async def claim(conn: Connection, worker_id: str, pid: int, ttl: float) -> dict[str, Any] | None:
     """Claim one session: a queued one, or a running one whose lease expired, was released, or
     whose worker is dead. Adds 1 to `attempt`; times come from the database clock.
@@ -139,32 +166,7 @@ async def claim(conn: Connection, worker_id: str, pid: int, ttl: float) -> dict[
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
     it would take back its own sessions claim after claim, each spending an attempt."""
-    cur = await conn.execute(
-        f"""
-        WITH candidate AS (
-            SELECT s.id FROM sessions s
-            WHERE EXISTS (SELECT 1 FROM workers me
-                          WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
-              AND ((s.status = 'queued' AND s.deleted_at IS NULL)
-               OR (s.status = 'running' AND (
-                    s.lease_worker_id IS NULL
-                    OR s.lease_expires_at < clock_timestamp()
-                    OR EXISTS (SELECT 1 FROM workers w
-                               WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-            ORDER BY s.created_at
-            LIMIT 1
-            FOR UPDATE OF s SKIP LOCKED
-        )
-        UPDATE sessions s SET
-            status = 'running', attempt = s.attempt + 1,
-            lease_worker_id = %(worker)s, lease_pid = %(pid)s,
-            lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
-            updated_at = clock_timestamp()
-        FROM candidate WHERE s.id = candidate.id
-        RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
-        """,
-        {"worker": worker_id, "pid": pid, "ttl": ttl},
-    )
+    cur = await conn.execute(CLAIM_SQL, {"worker": worker_id, "pid": pid, "ttl": ttl})
     row = await cur.fetchone()
     if row is None:
         return None
@@ -192,25 +194,29 @@ async def announce(
     await append_owner_event(conn, row["owner_id"], row["id"], type_, data)
 
 
+async def _fenced_update(
+    conn: Connection, fence: Fence, session_id: UUID, assignments: str, **params: Any
+) -> None:
+    """`UPDATE sessions SET <assignments>` for the lease holder only (FenceRefused otherwise)."""
+    cur = await conn.execute(
+        f"UPDATE sessions SET {assignments} WHERE id = %(session_id)s AND {FENCE} RETURNING id",
+        {**params, **fence.params(), "session_id": session_id},
+    )
+    if await cur.fetchone() is None:
+        raise FenceRefused(f"lease on {session_id} is no longer held by {fence}")
+
+
 async def set_active_stage(
     conn: Connection, fence: Fence, row: dict[str, Any], stage: str | None
 ) -> None:
-    cur = await conn.execute(
-        "UPDATE sessions SET active_stage = %s WHERE id = %s AND lease_worker_id = %s"
-        " AND attempt = %s RETURNING id",
-        (stage, row["id"], fence.worker_id, fence.attempt),
-    )
-    if await cur.fetchone() is None:
-        raise FenceRefused(f"lease on {row['id']} lost")
+    await _fenced_update(conn, fence, row["id"], "active_stage = %(stage)s", stage=stage)
     await announce(conn, row, OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage})
 
 
 async def mark_delivered(conn: Connection, fence: Fence, session_id: UUID, seq: int) -> None:
     """Record that the model has seen the log up to `seq` (undelivered messages re-queue)."""
-    await conn.execute(
-        "UPDATE sessions SET delivered_seq = greatest(delivered_seq, %s)"
-        " WHERE id = %s AND lease_worker_id = %s AND attempt = %s",
-        (seq, session_id, fence.worker_id, fence.attempt),
+    await _fenced_update(
+        conn, fence, session_id, "delivered_seq = greatest(delivered_seq, %(seq)s)", seq=seq
     )
 
 
@@ -218,13 +224,15 @@ async def add_usage(
     conn: Connection, fence: Fence, session_id: UUID, input_: int, output: int, cached: int
 ) -> None:
     """Add a turn's tokens to the session's running totals (fenced, like the turn itself)."""
-    await conn.execute(
-        """
-        UPDATE sessions SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,
-            cached_tokens = cached_tokens + %s
-        WHERE id = %s AND lease_worker_id = %s AND attempt = %s
-        """,
-        (input_, output, cached, session_id, fence.worker_id, fence.attempt),
+    await _fenced_update(
+        conn,
+        fence,
+        session_id,
+        "input_tokens = input_tokens + %(input)s, output_tokens = output_tokens + %(output)s,"
+        " cached_tokens = cached_tokens + %(cached)s",
+        input=input_,
+        output=output,
+        cached=cached,
     )
 
 
@@ -264,11 +272,14 @@ async def finish(
     False.
     """
     cur = await conn.execute(
-        "SELECT cancel_requested_at IS NOT NULL AS cancel FROM sessions WHERE id = %s FOR UPDATE",
-        (row["id"],),
+        f"SELECT cancel_requested_at IS NOT NULL AS cancel, {FENCE} AS held FROM sessions"
+        " WHERE id = %(session_id)s FOR UPDATE",
+        {**fence.params(), "session_id": row["id"]},
     )
     locked = await cur.fetchone()
-    if locked is not None and locked["cancel"] and status != Status.FAILED:
+    if locked is None or not locked["held"]:
+        raise FenceRefused(f"lease on {row['id']} is no longer held by {fence}")
+    if locked["cancel"] and status != Status.FAILED:
         status, error, requeue_undelivered = Status.CANCELLED, None, False
     pending = requeue_undelivered and await undelivered_messages(conn, row["id"]) > 0
     if pending and status in (Status.SUCCEEDED, Status.WAITING):
@@ -330,23 +341,16 @@ async def cancel_requested(conn: Connection, session_id: UUID) -> bool:
 async def put_note(conn: Connection, fence: Fence, session_id: UUID, key: str, text: str) -> None:
     """Upsert a note, fenced: the session row is share-locked and checked in the statement."""
     cur = await conn.execute(
-        """
+        f"""
         INSERT INTO notes (session_id, key, text, attempt)
         SELECT id, %(key)s, %(text)s, attempt FROM sessions
-        WHERE id = %(id)s AND lease_worker_id = %(worker)s AND attempt = %(attempt)s
-          AND lease_expires_at > clock_timestamp()
+        WHERE id = %(id)s AND {FENCE}
         FOR SHARE
         ON CONFLICT (session_id, key) DO UPDATE
             SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()
         RETURNING key
         """,
-        {
-            "id": session_id,
-            "key": key,
-            "text": text,
-            "worker": fence.worker_id,
-            "attempt": fence.attempt,
-        },
+        {"id": session_id, "key": key, "text": text, **fence.params()},
     )
     if await cur.fetchone() is None:
         raise FenceRefused(f"lease on {session_id} lost")

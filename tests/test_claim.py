@@ -1,0 +1,67 @@
+"""The claim reads an index, not the whole table: with 200,000 finished sessions a claim poll
+(every worker, every second, and at every work NOTIFY) must not scan them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from app.store.runs import CLAIM_SQL
+from tests.support import fresh_database
+
+FINISHED = 200_000
+
+
+@pytest.fixture(scope="module")
+def crowded() -> Iterator[str]:
+    """A database holding many finished (and some deleted) sessions and one live worker."""
+    with fresh_database("ferryman_claim") as url, psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sessions (id, owner_id, title, status, model, prompt, deleted_at)"
+            " SELECT gen_random_uuid(), 'o', 't', 'succeeded', 'scripted', 'p',"
+            " CASE WHEN n %% 10 = 0 THEN clock_timestamp() END"
+            " FROM generate_series(1, %s) AS n",
+            (FINISHED,),
+        )
+        conn.execute("INSERT INTO workers (id, pid, hostname) VALUES ('w:1', 1, 'test')")
+        conn.execute("ANALYZE sessions")
+        yield url
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+def test_the_claim_uses_the_claimable_index(crowded: str) -> None:
+    with psycopg.connect(crowded, autocommit=True) as conn:
+        (raw,) = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10}
+        ).fetchone()  # type: ignore[misc]
+    plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
+    scans = [
+        (node["Node Type"], node.get("Index Name"))
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == "sessions"
+    ]
+    assert ("Seq Scan", None) not in scans, scans
+    assert any(index == "sessions_claimable" for _, index in scans), scans
+
+
+def test_a_deleted_session_still_running_is_claimed(crowded: str) -> None:
+    """Deleted while its holder was frozen: it must still be claimable, to be settled."""
+    with psycopg.connect(crowded, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sessions (id, owner_id, title, status, model, prompt, attempt,"
+            " lease_worker_id, lease_expires_at, cancel_requested_at, deleted_at)"
+            " VALUES (gen_random_uuid(), 'o', 'stuck', 'running', 'scripted', 'p', 1,"
+            " 'gone:2', clock_timestamp() - interval '1 minute', clock_timestamp(),"
+            " clock_timestamp())"
+        )
+        row = conn.execute(CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10}).fetchone()
+    assert row is not None and row[2] == "stuck"  # id, owner_id, title, ...

@@ -38,6 +38,10 @@ async def _refuse(arguments: dict[str, Any], context: ToolContext) -> str:
     raise ToolError("not today")
 
 
+async def _big(arguments: dict[str, Any], context: ToolContext) -> str:
+    return "x" * int(arguments["bytes"])
+
+
 SECONDS = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
 
 TOOLS = [
@@ -66,4 +70,11 @@ TOOLS = [
     Tool("slow", "Sleep; the default timeout.", SECONDS, _slow),
     Tool("quick", "Sleep; its own 0.3 s timeout.", SECONDS, _slow, timeout=0.3),
     Tool("refuse", "Raise ToolError.", {"type": "object"}, _refuse),
+    Tool(
+        "big",
+        "Return this many bytes.",
+        {"type": "object", "properties": {"bytes": {"type": "integer"}}, "required": ["bytes"]},
+        _big,
+        idempotent=True,
+    ),
 ]

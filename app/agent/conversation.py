@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 StopReason = Literal["stop", "tool_use", "length", "error", "aborted"]
@@ -18,6 +19,12 @@ class ToolCall:
     # The model's arguments as it wrote them when they are not a JSON object: the call fails
     # with a clear error, and the model is shown exactly what it sent.
     invalid_arguments: str | None = None
+
+    def arguments_text(self) -> str:
+        """The arguments as JSON text; as the model wrote them when they were not an object."""
+        if self.invalid_arguments is not None:
+            return self.invalid_arguments
+        return json.dumps(self.arguments)
 
     def wire(self) -> dict[str, Any]:
         data = {"id": self.id, "name": self.name, "arguments": self.arguments}
@@ -143,6 +150,42 @@ def conversation_from_events(events: Iterable[Mapping[str, Any]]) -> list[Messag
         if message is not None:
             messages.append(message)
     return messages
+
+
+TRUNCATED = "\n[… {} more bytes cut: FERRYMAN_MAX_EVENT_BYTES]"
+
+
+def clip_text(text: str, max_bytes: int) -> str:
+    """`text` if its UTF-8 fits in `max_bytes`, else its head and a marker saying how much was
+    cut (the marker counted in the bound)."""
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    room = max(0, max_bytes - len(TRUNCATED.format(len(data)).encode()))
+    head = data[:room].decode(errors="ignore")  # never half a character
+    return head + TRUNCATED.format(len(data) - len(head.encode()))
+
+
+def bounded_reply(reply: AssistantMessage, max_bytes: int) -> AssistantMessage:
+    """A model turn that fits in one event of about `max_bytes`: half for its text, the rest
+    shared by its calls; a call whose arguments do not fit fails as invalid arguments."""
+    text = clip_text(reply.text, max_bytes // 2)
+    share = max_bytes // 2 // max(1, len(reply.tool_calls))
+    calls = tuple(
+        call
+        if len(call.arguments_text().encode()) <= share
+        else ToolCall(call.id, call.name, {}, clip_text(call.arguments_text(), min(share, 1000)))
+        for call in reply.tool_calls
+    )
+    if text == reply.text and calls == reply.tool_calls:
+        return reply
+    return AssistantMessage(text, calls, reply.stop_reason, reply.seq, reply.usage)
+
+
+def bounded_result(result: ToolResult, max_bytes: int) -> ToolResult:
+    """A tool result whose content fits in one event of about `max_bytes`."""
+    content = clip_text(result.content, max_bytes - 1024)
+    return result if content == result.content else replace(result, content=content)
 
 
 def model_visible(conversation: Iterable[Message]) -> list[Message]:

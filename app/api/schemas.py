@@ -253,3 +253,6 @@ class EventEnvelope(BaseModel):
 class Transcript(BaseModel):
     events: list[EventEnvelope]
     lastSeq: int
+    nextAfter: int | None = Field(
+        description="Pass as `after` for the next page; null when this page reaches `lastSeq`."
+    )

@@ -294,16 +294,23 @@ async def decide_tool_approval(
 async def get_transcript(
     session_id: str,
     owner: Owner,
-    db: DatabaseDep,
+    services: ServicesDep,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> dict[str, Any]:
+    """Events after seq `after`: at most `limit`, and at most FERRYMAN_TRANSCRIPT_PAGE_BYTES of
+    event data (at least one event). `nextAfter` is where the next page starts, null at the
+    end."""
     sid = parse_session_id(session_id)
-    async with db.transaction() as conn:
+    async with services.db.transaction() as conn:
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         row = await session_store.get_session(conn, owner, sid)
-        rows = await event_store.read_session_events(conn, sid, after, limit)
+        rows = await event_store.read_session_events(
+            conn, sid, after, limit, services.settings.transcript_page_bytes
+        )
+    last = int(rows[-1]["seq"]) if rows else after
     return {
         "events": [session_envelope(r, "backlog") for r in rows],
         "lastSeq": row["last_seq"],
+        "nextAfter": last if last < row["last_seq"] else None,
     }

@@ -17,12 +17,7 @@ from uuid import UUID
 
 from prometheus_client import Counter
 
-from app.agent.approvals import (
-    Approval,
-    approvals_from_events,
-    record_approval_event,
-    settle,
-)
+from app.agent.approvals import Approval, record_approval_event, settle
 from app.agent.conversation import (
     AssistantMessage,
     Message,
@@ -30,6 +25,8 @@ from app.agent.conversation import (
     ToolResult,
     Usage,
     UserMessage,
+    bounded_reply,
+    bounded_result,
     conversation_from_events,
     message_from_event,
 )
@@ -84,6 +81,10 @@ class RunContext:
     tool_timeout: float
     providers: Providers
     retry: RetryPolicy
+    # Bytes of model text or tool output one event may hold (FERRYMAN_MAX_EVENT_BYTES), and of
+    # events one read of the log may return (FERRYMAN_TRANSCRIPT_PAGE_BYTES).
+    max_event_bytes: int
+    read_page_bytes: int
 
 
 @dataclass
@@ -182,12 +183,24 @@ class Run:
             log.warning("lease lost; run stops writing", extra={"session": str(self.session_id)})
 
     async def begin(self) -> ResumePlan:
+        # The log is read in pages bounded in bytes: what the run keeps is the conversation
+        # (events are cut to FERRYMAN_MAX_EVENT_BYTES when written), not every row at once.
+        messages: list[Message] = []
+        started: set[str] = set()
+        last_run_event: dict[str, Any] | None = None  # tells whether and how a run ended
         async with self.ctx.db.connection() as conn:
-            rows = await event_store.read_session_events(conn, self.session_id, 0, 1_000_000)
-        self.read_seq = max((int(r["seq"]) for r in rows), default=0)
-        history = undelivered_last(conversation_from_events(rows), self.row["delivered_seq"])
-        self.approvals = approvals_from_events(rows)
-        started = {str(r["data"]["toolCallId"]) for r in rows if r["type"] == "tool_call_start"}
+            async for rows in event_store.session_event_pages(
+                conn, self.session_id, limit=1000, max_bytes=self.ctx.read_page_bytes
+            ):
+                messages.extend(conversation_from_events(rows))
+                for row in rows:
+                    record_approval_event(self.approvals, row["type"], row["data"])
+                    if row["type"] == "tool_call_start":
+                        started.add(str(row["data"]["toolCallId"]))
+                    if row["type"] in _RUN_EVENTS:
+                        last_run_event = row
+                self.read_seq = int(rows[-1]["seq"])
+        history = undelivered_last(messages, self.row["delivered_seq"])
         plan = plan_resume(
             history,
             self.ctx.registry.turn_enders(),
@@ -198,7 +211,6 @@ class Run:
         self.awaiting = list(plan.awaiting)
         self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
         self.not_rerun = self.interrupted_side_effects(plan)
-        ran_before = any(r["type"] in _RUN_EVENTS for r in rows)
         async with self.ctx.db.transaction() as conn:
             for repair in plan.repairs:
                 await runs.append(conn, self.fence, self.session_id, "tool_result", repair.wire())
@@ -207,12 +219,12 @@ class Run:
                 "pid": self.ctx.pid,
                 "attempt": self.row["attempt"],
             }
-            if not ran_before:
+            if last_run_event is None:
                 await runs.append(
                     conn, self.fence, self.session_id, SessionEventType.SESSION_START, run_info
                 )
             else:
-                reason = resume_reason(rows)
+                reason = resume_reason([last_run_event])
                 resumed = {
                     **run_info,
                     "reason": reason,
@@ -252,7 +264,9 @@ class Run:
             delivered = self.read_seq
             request = ModelRequest(tuple(self.conversation), specs, instructions, settings)
             try:
-                reply = await self.call_model(model, request)
+                reply = bounded_reply(
+                    await self.call_model(model, request), self.ctx.max_event_bytes
+                )
             except ModelFault as fault:
                 await self.fail(fault, delivered)
                 return
@@ -446,7 +460,7 @@ class Run:
             )
             await runs.set_active_stage(conn, self.fence, self.row, f"tool:{call.name}")
         try:
-            result = await self.run_tool(call, tool)
+            result = bounded_result(await self.run_tool(call, tool), self.ctx.max_event_bytes)
         except RunAborted as aborted:
             if aborted.reason == "cancelled":
                 cancelled = ToolResult(call.id, call.name, "cancelled by the user", True, True)
@@ -539,7 +553,20 @@ def _call_key(call: ToolCall) -> tuple[str, str]:
     return call.name, json.dumps(call.arguments, sort_keys=True)
 
 
-_RUN_EVENTS = frozenset({"session_start", "session_resumed", "assistant_message", "session_end"})
+# Events only a run writes: the last of them tells whether the previous run closed.
+_RUN_EVENTS = frozenset(
+    {
+        "session_start",
+        "session_resumed",
+        "assistant_message",
+        "session_end",
+        "session_interrupted",
+        "tool_call_start",
+        "tool_result",
+        "model_retry",
+        "user_question",
+    }
+)
 
 
 def undelivered_last(history: list[Message], delivered_seq: int) -> list[Message]:
@@ -559,14 +586,7 @@ def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "follow_up"]:
     for row in reversed(rows):
         if row["type"] == "session_end":
             return "follow_up"
-        if row["type"] in (
-            "session_start",
-            "session_resumed",
-            "session_interrupted",
-            "assistant_message",
-            "tool_call_start",
-            "tool_result",
-        ):
+        if row["type"] in _RUN_EVENTS:
             return "crash"
     return "crash"
 

@@ -77,6 +77,8 @@ class Worker:
                 initial_delay=settings.model_retry_initial_delay,
                 max_delay=settings.model_retry_max_delay,
             ),
+            max_event_bytes=settings.max_event_bytes,
+            read_page_bytes=settings.transcript_page_bytes,
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.

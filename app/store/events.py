@@ -4,6 +4,7 @@ are gap-free and commit in order."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -99,17 +100,38 @@ async def append_owner_event(
 
 
 async def read_session_events(
-    conn: Connection, session_id: UUID, after: int, limit: int
+    conn: Connection, session_id: UUID, after: int, limit: int, max_bytes: int | None = None
 ) -> list[dict[str, Any]]:
+    """Events after seq `after`: at most `limit`, and with `max_bytes` only as many as fit in
+    that many bytes of event data (always at least one), so no read holds a session's whole
+    log in memory however big its events are."""
     cur = await conn.execute(
         """
-        SELECT e.session_id, e.seq, e.attempt, e.type, e.data, e.created_at, s.owner_id
-        FROM session_events e JOIN sessions s ON s.id = e.session_id
-        WHERE e.session_id = %s AND e.seq > %s ORDER BY e.seq LIMIT %s
+        SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,
+               page.size, s.owner_id
+        FROM (
+            SELECT e.*, sum(e.size) OVER (ORDER BY e.seq) AS upto FROM session_events e
+            WHERE e.session_id = %(session_id)s AND e.seq > %(after)s
+            ORDER BY e.seq LIMIT %(limit)s
+        ) page JOIN sessions s ON s.id = page.session_id
+        WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
+        ORDER BY page.seq
         """,
-        (session_id, after, limit),
+        {"session_id": session_id, "after": after, "limit": limit, "max_bytes": max_bytes},
     )
     return await cur.fetchall()
+
+
+async def session_event_pages(
+    conn: Connection, session_id: UUID, *, limit: int, max_bytes: int, after: int = 0
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """A session's whole log, page by page (each bounded as `read_session_events` bounds it)."""
+    while True:
+        rows = await read_session_events(conn, session_id, after, limit, max_bytes)
+        if not rows:
+            return
+        yield rows
+        after = int(rows[-1]["seq"])
 
 
 async def session_head(conn: Connection, session_id: UUID) -> dict[str, Any] | None:

@@ -80,19 +80,12 @@ def to_openai_messages(
                     {
                         "id": call.id,
                         "type": "function",
-                        "function": {"name": call.name, "arguments": _arguments_text(call)},
+                        "function": {"name": call.name, "arguments": call.arguments_text()},
                     }
                     for call in message.tool_calls
                 ]
             messages.append(entry)
     return messages
-
-
-def _arguments_text(call: ToolCall) -> str:
-    # What the model wrote, when it was not a JSON object: it should see its own mistake.
-    if call.invalid_arguments is not None:
-        return call.invalid_arguments
-    return json.dumps(call.arguments)
 
 
 def to_openai_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:

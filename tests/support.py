@@ -215,6 +215,15 @@ async def sse(
         yield events()
 
 
+async def first_delta(http: httpx.AsyncClient, session_id: str) -> None:
+    """Return once the session's model has begun to stream its answer (a `message_delta`)."""
+    async with sse(http, f"/api/agent/{session_id}/events") as events:
+        async for event in events:
+            if event.event == "message_delta":
+                return
+    raise AssertionError(f"{session_id}: the stream ended before any delta")
+
+
 CONTROL_EVENTS = frozenset({"caught_up", "resync_required", "message_delta"})
 
 
@@ -339,6 +348,22 @@ async def ready(*workers: WorkerProcess, timeout: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"worker not ready in {timeout}s:\n{worker.logs()}")
             await asyncio.sleep(0.05)
+
+
+async def wait_logged(
+    worker: ChildProcess, text: str, *, session: str | None = None, timeout: float = 20.0
+) -> None:
+    """Wait until the process has logged a line containing `text` (about `session`, if given).
+    For proofs that a process did something (tried a late write and was refused) rather than a
+    sleep that gives it time to."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in worker.logs().splitlines():
+            if text in line and (session is None or session in line):
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never logged {text!r} in {timeout}s:\n{worker.logs()[-3000:]}")
+        await asyncio.sleep(0.05)
 
 
 def stop_all(workers: list[WorkerProcess]) -> None:

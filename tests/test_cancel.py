@@ -18,6 +18,7 @@ from tests.support import (
     assert_contiguous,
     assert_problem,
     client,
+    first_delta,
     new_session,
     of_type,
     query,
@@ -25,6 +26,7 @@ from tests.support import (
     transcript,
     wait_event,
     wait_for_status,
+    wait_logged,
 )
 
 SLEEP_30 = [{"text": "napping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 30}}]}]
@@ -97,7 +99,8 @@ async def test_delete_cancels_a_running_session_first(
     """SPEC: DELETE "cancels it first if not terminal". The 204 comes once the run has
     settled, so nothing follows `session_deleted` on the owner feed, and the session's log
     ends in `session_end {cancelled}`."""
-    await ready(start_worker())
+    worker = start_worker()
+    await ready(worker)
     async with client(api.url, key) as http:
         sid = await new_session(http, script=SLEEP_30)
         await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")
@@ -105,7 +108,8 @@ async def test_delete_cancels_a_running_session_first(
         assert (await http.delete(f"/api/agent/{sid}")).status_code == 204
         assert time.monotonic() - started < 2.0
         assert_problem(await http.get(f"/api/agent/{sid}"), 404, "SESSION_NOT_FOUND")
-    await asyncio.sleep(0.5)  # room for anything written late to show up
+    # The 204 waits for the run to settle: by then the holder has said its last word.
+    await wait_logged(worker, "run ended", session=sid)
     owner_events = await query(
         isolated_db,
         "SELECT type, data FROM owner_events WHERE session_id = %s ORDER BY id",
@@ -132,8 +136,7 @@ async def test_cancel_mid_stream_keeps_the_partial_answer_as_aborted(
     await ready(start_worker())
     async with client(api.url, key) as http:
         sid = await new_session(http, script=[{"text": text, "chunks": 50, "delayMs": 10000}])
-        await wait_event(http, sid, lambda e: e["type"] == "session_start")
-        await asyncio.sleep(0.7)
+        await first_delta(http, sid)  # the answer has begun to stream
         started = time.monotonic()
         assert (await cancel(http, sid)).status_code == 202
         done = await wait_for_status(http, sid, TERMINAL, timeout=10)
@@ -171,8 +174,8 @@ async def test_cancel_before_any_claim_wins(
         # The worker is claiming: an ordinary session runs to the end ...
         control = await new_session(http, "control")
         assert (await wait_for_status(http, control, TERMINAL))["status"] == "succeeded"
-        await asyncio.sleep(0.5)
-        # ... but the cancelled ones were never run.
+        # ... but the cancelled ones were never run: claims go in creation order, so had
+        # they been claimable, they would have run before `control`.
         for sid in (plain, waited):
             session = (await http.get(f"/api/agent/{sid}")).json()
             assert session["status"] == "cancelled"
@@ -264,15 +267,14 @@ async def test_cancel_while_the_holder_is_frozen(
             accepted = await cancel(http, sid)
             assert accepted.status_code == 202
             assert accepted.json()["status"] == "running"
-            await asyncio.sleep(0.5)
-            assert (await http.get(f"/api/agent/{sid}")).json()["status"] == "running"
             start_worker(short)
             done = await wait_for_status(http, sid, TERMINAL, timeout=20)
         finally:
             frozen.signal(signal.SIGCONT)
         assert done["status"] == "cancelled"
         assert done["attempt"] == 2
-        await asyncio.sleep(1.5)  # the thawed holder's heartbeat and sleep both come due
+        # The thawed holder tried to go on and was fenced out: only then is "nothing late" shown.
+        await wait_logged(frozen, "lease lost; run stops writing", session=sid)
         events = await transcript(http, sid)
     assert_contiguous(events)
     second = [e for e in events if e["attempt"] == 2]

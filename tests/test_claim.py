@@ -41,7 +41,7 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def test_the_claim_uses_the_claimable_index(crowded: str) -> None:
     with psycopg.connect(crowded, autocommit=True) as conn:
         (raw,) = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10}
+            "EXPLAIN (FORMAT JSON) " + CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10, "busy": []}
         ).fetchone()  # type: ignore[misc]
     plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
     scans = [
@@ -63,5 +63,5 @@ def test_a_deleted_session_still_running_is_claimed(crowded: str) -> None:
             " 'gone:2', clock_timestamp() - interval '1 minute', clock_timestamp(),"
             " clock_timestamp())"
         )
-        row = conn.execute(CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10}).fetchone()
+        row = conn.execute(CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10, "busy": []}).fetchone()
     assert row is not None and row[2] == "stuck"  # id, owner_id, title, ...

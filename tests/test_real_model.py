@@ -23,6 +23,7 @@ from tests.support import (
     ServerProcess,
     StartWorker,
     client,
+    first_delta,
     new_session,
     of_type,
     ready,
@@ -45,14 +46,6 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
 
 def env(llm: LlamaServer) -> dict[str, str]:
     return {"FERRYMAN_OPENAI_BASE_URL": llm.base_url, "FERRYMAN_MODEL_IDLE_TIMEOUT": "20"}
-
-
-async def first_delta(http: httpx.AsyncClient, sid: str) -> None:
-    """Return once the model has begun to stream its answer."""
-    async with sse(http, f"/api/agent/{sid}/events") as events:
-        async for event in events:
-            if event.event == "message_delta":
-                return
 
 
 async def deltas_until_end(http: httpx.AsyncClient, sid: str) -> list[str]:

@@ -35,6 +35,7 @@ from tests.support import (
     create_owner_key,
     fresh_database,
     sse,
+    wait_logged,
 )
 
 # Dead-worker detection goes through the liveness lock, so a resume must come far sooner than
@@ -558,8 +559,8 @@ async def test_stopped_worker_is_fenced_out(recovery_db: str, api: ServerProcess
                 await wait_for(
                     lambda: watch.first(is_type("session_end")) is not None, 30, "session_end"
                 )
-                # Give the woken worker time to try whatever it had in hand.
-                await asyncio.sleep(3)
+                # The woken worker tried whatever it had in hand and was fenced out.
+                await wait_logged(stopped, "lease lost; run stops writing", session=session_id)
             assert stopped.proc is not None and stopped.proc.poll() is None, "worker died"
     print(f"SIGSTOP -> takeover {took:.2f}s (lease TTL {ttl}s)")
     # The stopped worker still held its liveness lock, so it was never reaped as dead: the

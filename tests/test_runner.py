@@ -25,6 +25,7 @@ from tests.support import (
     WorkerProcess,
     assert_contiguous,
     client,
+    first_delta,
     live_workers,
     new_session,
     of_type,
@@ -387,8 +388,7 @@ async def test_message_during_the_last_turn_is_answered_in_the_same_run(
         sid = await new_session(
             http, script=[{"text": "slow final answer", "chunks": 4, "delayMs": 1200}]
         )
-        await wait_event(http, sid, lambda e: e["type"] == "session_start")
-        await asyncio.sleep(0.3)
+        await first_delta(http, sid)  # the final answer is streaming: land the steer in it
         steer = await http.post(f"/api/agent/{sid}/messages", json={"text": "one more thing"})
         assert steer.json()["message"]["delivery"] == "steer"
         session = await wait_for_status(http, sid, TERMINAL)
@@ -414,8 +414,7 @@ async def test_message_during_a_failing_turn_requeues_after_the_failure(
     async with client(api.url, key) as http:
         script = [{"text": "provider down", "stopReason": "error", "chunks": 4, "delayMs": 1200}]
         sid = await new_session(http, script=script)
-        await wait_event(http, sid, lambda e: e["type"] == "session_start")
-        await asyncio.sleep(0.3)
+        await first_delta(http, sid)  # the failing turn is streaming: land the steer in it
         steer = await http.post(f"/api/agent/{sid}/messages", json={"text": "try again"})
         assert steer.json()["message"]["delivery"] == "steer"
         deadline = time.monotonic() + 20

@@ -180,7 +180,7 @@ class Run:
             await self.on_abort(aborted.reason)
         except FenceRefused:
             RUNS.labels("lease_lost").inc()
-            log.warning("lease lost; run stops writing", extra={"session": str(self.session_id)})
+            self.log_lease_lost()
 
     async def begin(self) -> ResumePlan:
         # The log is read in pages bounded in bytes: what the run keeps is the conversation
@@ -539,8 +539,15 @@ class Run:
             elif reason == "shutdown":
                 async with self.ctx.db.transaction() as conn:
                     await runs.release(conn, self.fence, self.row, "shutdown")
+            elif reason == "lease_lost":
+                self.log_lease_lost()
         except FenceRefused:
-            pass  # the lease went meanwhile: nothing more to write
+            self.log_lease_lost()  # the lease went meanwhile: nothing more to write
+
+    def log_lease_lost(self) -> None:
+        """Said once by every run that is fenced out, however it learnt (a refused write, or a
+        heartbeat that found the lease gone): after this line it writes nothing."""
+        log.warning("lease lost; run stops writing", extra={"session": str(self.session_id)})
 
 
 NOT_RERUN_CONTENT = (

@@ -219,7 +219,9 @@ class Worker:
         try:
             async with self.db.transaction() as conn:
                 await runs.reap_dead_workers(conn)
-                row = await runs.claim(conn, self.id, self.context.pid, self.settings.lease_ttl)
+                row = await runs.claim(
+                    conn, self.id, self.context.pid, self.settings.lease_ttl, list(self.runs)
+                )
                 if row is None:
                     return None
                 fence = Fence(self.id, row["attempt"])

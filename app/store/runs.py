@@ -6,6 +6,7 @@ that writes, so a worker that lost its lease writes nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 from uuid import UUID
 
@@ -139,6 +140,7 @@ CLAIM_SQL = f"""
         SELECT s.id FROM sessions s
         WHERE EXISTS (SELECT 1 FROM workers me
                       WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
+          AND s.id <> ALL(%(busy)s::uuid[])
           AND ((s.status = 'queued' AND s.deleted_at IS NULL)
            OR (s.status = 'running' AND (
                 s.lease_worker_id IS NULL
@@ -159,14 +161,21 @@ CLAIM_SQL = f"""
 """
 
 
-async def claim(conn: Connection, worker_id: str, pid: int, ttl: float) -> dict[str, Any] | None:
+async def claim(
+    conn: Connection, worker_id: str, pid: int, ttl: float, busy: Collection[UUID] = ()
+) -> dict[str, Any] | None:
     """Claim one session: a queued one, or a running one whose lease expired, was released, or
     whose worker is dead. Adds 1 to `attempt`; times come from the database clock.
+
+    `busy`: the sessions this worker still has a run of (one that lost its lease and has not
+    noticed yet): it must not take them back before that run is gone, or the two would share
+    the worker's one slot and heartbeat for that session.
 
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
     it would take back its own sessions claim after claim, each spending an attempt."""
-    cur = await conn.execute(CLAIM_SQL, {"worker": worker_id, "pid": pid, "ttl": ttl})
+    params = {"worker": worker_id, "pid": pid, "ttl": ttl, "busy": list(busy)}
+    cur = await conn.execute(CLAIM_SQL, params)
     row = await cur.fetchone()
     if row is None:
         return None

@@ -9,6 +9,7 @@ from app.agent.tools import ToolRegistry
 from app.bus import Bus
 from app.config import Settings
 from app.db.pool import Database, SessionLimits
+from app.db.supervisor import EmbeddedSupervisor
 from app.streams.feed import FeedHub
 from app.streams.sse import StreamSlots
 
@@ -22,6 +23,7 @@ class Services:
     slots: StreamSlots
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     _local_tools: ToolRegistry | None = None
+    _supervisor: EmbeddedSupervisor | None = None
 
     @classmethod
     def create(cls, settings: Settings, database_url: str) -> Services:
@@ -37,7 +39,12 @@ class Services:
             ),
         )
         bus = Bus(database_url)
-        hub = FeedHub(bus, poll_interval=settings.poll_interval)
+        hub = FeedHub(
+            bus,
+            buffer_bytes=settings.feed_buffer_bytes,
+            write_bytes=settings.stream_write_bytes,
+            poll_interval=settings.poll_interval,
+        )
         slots = StreamSlots(settings.max_streams_per_owner)
         return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots)
 
@@ -51,8 +58,15 @@ class Services:
     async def start(self) -> None:
         await self.db.open()
         await self.bus.start()
+        if not self.settings.database_url:  # the embedded server, as in bootstrap: keep it up
+            self._supervisor = EmbeddedSupervisor(
+                self.settings.data_dir, self.settings.embedded_check_interval
+            )
+            self._supervisor.start()
 
     async def stop(self) -> None:
         self.shutdown.set()
+        if self._supervisor is not None:
+            await self._supervisor.stop()
         await self.bus.stop()
         await self.db.close()

@@ -17,7 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
-from app.backoff import Backoff
+from app.backoff import Backoff, Outage
 from app.db.pool import MAX_RECONNECT_DELAY
 from app.store import runs
 
@@ -57,6 +57,7 @@ class Heartbeat(threading.Thread):
     async def _main(self) -> None:
         # Capped low: until it registers again the worker claims nothing.
         backoff = Backoff(cap=MAX_RECONNECT_DELAY)
+        outage = Outage(log, "heartbeat connection")
         while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -67,12 +68,13 @@ class Heartbeat(threading.Thread):
                     )
                     self.registered.set()
                     backoff.reset()
+                    outage.recovered()
                     await self._beat(conn)
                     await runs.mark_worker_stopped(conn, self.worker_id)
                     return
             except Exception as exc:
                 # Without this connection our leases cannot be proven: give them all up.
-                log.warning("heartbeat connection lost: %s", exc)
+                outage.failed(exc)
                 self.on_disconnect()
                 await backoff.wait()
 

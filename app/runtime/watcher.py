@@ -12,7 +12,7 @@ import logging
 import psycopg
 from psycopg.rows import dict_row
 
-from app.backoff import Backoff
+from app.backoff import Backoff, Outage
 from app.store import runs
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ async def watch_peers(
     """Run until cancelled. The peer is chosen again when `membership` is set (a worker
     registered) and at least every `repick_seconds` (statement_timeout cuts the wait short)."""
     backoff = Backoff()
+    outage = Outage(log, "death watch")
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(
@@ -33,6 +34,7 @@ async def watch_peers(
             ) as conn:
                 await conn.execute(f"SET statement_timeout = {int(repick_seconds * 1000)}")
                 backoff.reset()
+                outage.recovered()
                 while True:
                     membership.clear()
                     key = await runs.next_peer(conn, worker_id)
@@ -48,7 +50,7 @@ async def watch_peers(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("death watch interrupted: %s", exc)
+            outage.failed(exc)
             await backoff.wait()
 
 

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from app.agent.models import ProviderConfig, Providers, RetryPolicy
 from app.agent.tools import ToolRegistry
 from app.agent.tools.mcp import McpServer, load_config
+from app.backoff import Outage
 from app.bus import Bus
 from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Database
@@ -87,6 +88,7 @@ class Worker:
             for config in (load_config(settings.mcp_servers) if settings.mcp_servers else [])
         ]
         self.runs: dict[UUID, Run] = {}
+        self.claims = Outage(log, "claiming (the database)")
         self.tasks: set[asyncio.Future[None]] = set()
         self.stopping = asyncio.Event()
         self.work = asyncio.Event()
@@ -218,6 +220,7 @@ class Worker:
     async def _claim(self) -> Run | None:
         try:
             async with self.db.transaction() as conn:
+                self.claims.recovered()
                 await runs.reap_dead_workers(conn)
                 row = await runs.claim(
                     conn, self.id, self.context.pid, self.settings.lease_ttl, list(self.runs)
@@ -247,7 +250,7 @@ class Worker:
                     await runs.finish(conn, fence, row, Status.CANCELLED, requeue_undelivered=False)
                     return None
         except UNAVAILABLE_ERRORS as exc:
-            log.warning("claim failed, database unavailable: %s", exc)
+            self.claims.failed(exc)
             await asyncio.sleep(1)
             return None
         run = Run(self.context, row)

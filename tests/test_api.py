@@ -636,8 +636,8 @@ async def test_transcript_paging_and_envelopes(
         path = f"/api/agent/{session['id']}/transcript"
 
         full = (await http.get(path)).json()
-        assert set(full) == {"events", "lastSeq"}
-        assert full["lastSeq"] == 5
+        assert set(full) == {"events", "lastSeq", "nextAfter"}
+        assert full["lastSeq"] == 5 and full["nextAfter"] is None
         assert [e["seq"] for e in full["events"]] == [1, 2, 3, 4, 5]
         for event in full["events"]:
             assert set(event) == ENVELOPE_FIELDS
@@ -652,8 +652,9 @@ async def test_transcript_paging_and_envelopes(
 
         page = (await http.get(path, params={"after": 2, "limit": 2})).json()
         assert [e["seq"] for e in page["events"]] == [3, 4]
-        assert page["lastSeq"] == 5
-        assert (await http.get(path, params={"after": 5})).json() == {"events": [], "lastSeq": 5}
+        assert page["lastSeq"] == 5 and page["nextAfter"] == 4
+        end = (await http.get(path, params={"after": 5})).json()
+        assert end == {"events": [], "lastSeq": 5, "nextAfter": None}
         assert (await http.get(path, params={"after": 10**6})).json()["events"] == []
         assert [e["seq"] for e in (await http.get(path, params={"limit": 1})).json()["events"]] == [
             1

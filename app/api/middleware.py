@@ -1,12 +1,15 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it would buffer nothing but cost on every SSE
-chunk): the request body limit and request metrics."""
+chunk): the request body limit, request metrics, and local mode's guard."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import HTTPException
+from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -95,3 +98,128 @@ class RequestMetrics:
             await send(message)
 
         await self.app(scope, receive, send_wrapper)
+
+
+# --- local mode -------------------------------------------------------------------------------
+
+# Headers a proxy adds to what it relays. Through a proxy the peer is the proxy, so a loopback
+# peer says nothing about who is calling.
+_FORWARDING_HEADERS = frozenset({b"forwarded", b"x-real-ip", b"via"})
+_FORWARDING_PREFIX = b"x-forwarded-"
+# Reads: a page of another site cannot see their answers (there is no CORS), so only writes
+# need their Origin checked.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class LocalOnly:
+    """Local mode acts for whoever asks as the owner `local`, so it answers only this machine's
+    own callers and pages:
+
+    - the peer must be a loopback address, and the request must not have come through a proxy
+      (one that says so with a forwarding header; a proxy that forwards silently cannot be
+      told from a local client, which is why local mode does not belong behind one);
+    - the Host must name this machine (a loopback name or address, or one of `extra_hosts`):
+      a page of another site that rebinds its DNS name to 127.0.0.1 still sends its own name;
+    - a write's Origin, when there is one, must be such a name too: a page of another site
+      may send requests here, but not have them acted on.
+
+    A request without a Host (HTTP/1.0) passes: browsers always send one, and the peer is local.
+    """
+
+    def __init__(self, app: ASGIApp, extra_hosts: Iterable[str] = ()) -> None:
+        self.app = app
+        self.extra_hosts = frozenset(_normal_name(h) for h in extra_hosts if h.strip())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(scope) if scope["type"] == "http" else None
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        headers = dict(scope["headers"])
+        client = scope.get("client")
+        if client is None or not _is_loopback_address(client[0]):
+            return _not_local(f"it came from {client[0] if client else 'an unknown peer'}")
+        if any(n in _FORWARDING_HEADERS or n.startswith(_FORWARDING_PREFIX) for n in headers):
+            return _not_local("it came through a proxy")
+        host = headers.get(b"host", b"").decode("latin-1")
+        if host and not self._is_local(_authority_host(host)):
+            return problem(
+                421,
+                "HOST_NOT_ALLOWED",
+                "Misdirected Request",
+                f"local mode answers only names of this machine, not Host {host!r}: open it "
+                "at localhost, *.localhost, 127.0.0.0/8 or [::1], or add the name to "
+                "FERRYMAN_LOCAL_HOSTS",
+            )
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        writes = scope["method"] not in _SAFE_METHODS
+        if writes and origin and not self._is_local(_origin_host(origin)):
+            return problem(
+                403,
+                "CROSS_SITE_REQUEST",
+                "Forbidden",
+                f"in local mode only pages of this machine may make changes, not a page of "
+                f"Origin {origin!r}",
+            )
+        return None
+
+    def _is_local(self, name: str | None) -> bool:
+        if name is None:
+            return False
+        return (
+            name == "localhost"
+            or name.endswith(".localhost")
+            or name in self.extra_hosts
+            or _is_loopback_address(name)
+        )
+
+
+def _not_local(why: str) -> JSONResponse:
+    return problem(
+        403,
+        "LOCAL_MODE_NOT_LOCAL",
+        "Forbidden",
+        f"local mode answers only requests made on this machine, and {why}; serve with "
+        "FERRYMAN_AUTH=keys and send an API key",
+    )
+
+
+def _is_loopback_address(text: str) -> bool:
+    """An IP address of this machine's loopback (an IPv4-mapped one too)."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback  # a dual-stack socket's view of 127.0.0.1
+    return address.is_loopback
+
+
+def _authority_host(authority: str) -> str | None:
+    """The host of `name[:port]` or `[v6]:port`, normalized; None if it is not of that form."""
+    if authority.startswith("["):
+        name, bracket, port = authority[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return None
+        port = port[1:]
+    else:
+        name, _, port = authority.partition(":")
+    if port and not port.isdigit():
+        return None
+    return _normal_name(name) or None
+
+
+def _origin_host(origin: str) -> str | None:
+    """The host of an Origin (`scheme://host[:port]`); None for `null` or anything odd."""
+    scheme, separator, authority = origin.partition("://")
+    if not separator or scheme.lower() not in ("http", "https"):
+        return None
+    return _authority_host(authority)
+
+
+def _normal_name(name: str) -> str:
+    # "localhost." is the same name as "localhost"; names are case-insensitive.
+    return name.strip().lower().removesuffix(".")

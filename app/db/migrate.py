@@ -14,12 +14,16 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Arbitrary constant shared by every Ferryman process: replicas starting together take turns.
 MIGRATION_LOCK_KEY = 0x46455252594D414E  # "FERRYMAN"
+# Seconds to wait for the server's answer when the URL does not say: a host that never answers
+# would otherwise hold start-up for the system's TCP timeout (minutes).
+CONNECT_TIMEOUT = 5
 
 
 def _config() -> Config:
@@ -33,7 +37,7 @@ def _connection(url: str) -> Iterator[sqlalchemy.Connection]:
     # A creator accepts any libpq connection string (URL or key=value), as psycopg does.
     engine = sqlalchemy.create_engine(
         "postgresql+psycopg://",
-        creator=lambda: psycopg.connect(url),
+        creator=lambda: psycopg.connect(_with_connect_timeout(url)),
         poolclass=sqlalchemy.pool.NullPool,
     )
     try:
@@ -41,6 +45,12 @@ def _connection(url: str) -> Iterator[sqlalchemy.Connection]:
             yield conn
     finally:
         engine.dispose()
+
+
+def _with_connect_timeout(url: str) -> str:
+    if "connect_timeout" in conninfo_to_dict(url):
+        return url
+    return make_conninfo(url, connect_timeout=CONNECT_TIMEOUT)
 
 
 @lru_cache(maxsize=1)

@@ -34,7 +34,7 @@ from app.store import retention
 from app.store.events import append_owner_event
 from app.store.notify import notify
 from app.store.notify import owner_key as owner_feed_key
-from app.streams.feed import FeedHub, FeedSource
+from app.streams.feed import FeedHub, FeedSource, Page
 from app.streams.frames import Event, owner_event
 from app.streams.sse import StreamOptions, event_stream
 from tests.support import (
@@ -1099,14 +1099,14 @@ async def test_events_pruned_mid_replay_are_never_skipped_silently() -> None:
     async def head() -> tuple[int, bool]:
         return max(store), False
 
-    async def read(after: int, limit: int) -> list[Event]:
+    async def read(after: int, max_bytes: int) -> Page:
         nonlocal reads
         reads += 1
-        got = [store[i] for i in sorted(store) if i > after][: min(limit, 2)]
+        got = [store[i] for i in sorted(store) if i > after][:2]  # pages of two events
         if reads == 1:  # retention runs after the first batch was read
             for i in (3, 4, 5, 6):
                 store.pop(i)
-        return got
+        return Page(got, more=len(got) == 2)
 
     hub = FeedHub(Bus("postgresql://unused.invalid/none"), poll_interval=30)
     options = StreamOptions(ping_interval=30, retry_ms=2000, follow=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -16,8 +16,8 @@ from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import owner_key, session_key
-from app.streams.feed import FeedSource
-from app.streams.frames import Event, owner_event, parse_cursor, resync_reason, session_event
+from app.streams.feed import PAGE_ROWS, FeedSource, Page
+from app.streams.frames import owner_event, parse_cursor, resync_reason, session_event
 from app.streams.sse import StreamOptions, event_stream, resync_stream
 
 router = APIRouter(prefix="/api/agent", tags=["streams"])
@@ -43,21 +43,46 @@ LastEventIdQuery = Annotated[
 
 
 class EventStreamResponse(StreamingResponse):
-    """An SSE response that calls `release` however it ends (the client left, the stream
-    closed, the process shut down)."""
+    """An SSE response that asks its stream for a chunk only while the client is there, closes
+    the stream, and calls `release`, however it ends (the client left, the stream closed, the
+    process shut down)."""
 
-    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+    def __init__(self, body: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
         super().__init__(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self.stream = body
         self.release = release
+        self.client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            await self.stream.aclose()  # its feed and what it holds go now, not at collection
             self.release()
 
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        await super().listen_for_disconnect(receive)
+        self.client_gone = True
 
-def _sse(services: Services, owner: str, body: AsyncIterator[bytes]) -> StreamingResponse:
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # A cancelled response stays in a reference cycle (through its traceback) until
+            # the cycle collector runs: it must not keep its last write alive meanwhile.
+            del chunk
+            # A send blocked on a client that never reads returns when the client leaves, at
+            # once and without an error (uvicorn), and the listener that cancels this task has
+            # run by then, but the cancel lands only at this task's next real wait: without
+            # this check, the stream would first build every chunk it missed.
+            if self.client_gone:
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _sse(services: Services, owner: str, body: AsyncGenerator[bytes, None]) -> StreamingResponse:
     """Take one of the owner's stream slots (429 when none is left) for the response's life.
     Called last, after every await of the endpoint, so no error can strand a slot."""
     services.slots.take(owner)
@@ -74,10 +99,10 @@ def owner_source(services: Services, owner: str) -> FeedSource:
         async with services.db.connection() as conn:
             return await event_store.owner_head(conn, owner), False
 
-    async def read(after: int, limit: int) -> list[Event]:
+    async def read(after: int, max_bytes: int) -> Page:
         async with services.db.connection() as conn:
-            rows = await event_store.read_owner_events(conn, owner, after, limit)
-        return [owner_event(row) for row in rows]
+            rows = await event_store.read_owner_events(conn, owner, after, PAGE_ROWS, max_bytes)
+        return Page.of(rows, owner_event, max_bytes)
 
     return FeedSource(owner_key(owner), head, read, closable=False)
 
@@ -88,10 +113,12 @@ def session_source(services: Services, session_id: UUID) -> FeedSource:
             row = await event_store.session_head(conn, session_id)
         return (int(row["last_seq"]), bool(row["deleted"])) if row else (0, True)
 
-    async def read(after: int, limit: int) -> list[Event]:
+    async def read(after: int, max_bytes: int) -> Page:
         async with services.db.connection() as conn:
-            rows = await event_store.read_session_events(conn, session_id, after, limit)
-        return [session_event(row) for row in rows]
+            rows = await event_store.read_session_events(
+                conn, session_id, after, PAGE_ROWS, max_bytes
+            )
+        return Page.of(rows, session_event, max_bytes)
 
     return FeedSource(session_key(session_id), head, read)
 

@@ -99,27 +99,42 @@ async def append_owner_event(
     return row
 
 
+# A page of a log: after a cursor, at most `limit` rows, and with `max_bytes` only the rows
+# whose preceding ones sum to less than that many bytes of data (so at least one, and the one
+# that crosses the bound is the last). Sizes are the logs' generated `size` columns.
+_PAGE = """
+    SELECT {columns}, page.size FROM (
+        SELECT log.*, sum(log.size) OVER (ORDER BY log.{order}) AS upto FROM {table} log
+        WHERE log.{key} = %(key)s AND log.{order} > %(after)s ORDER BY log.{order} LIMIT %(limit)s
+    ) page {join}
+    WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
+    ORDER BY page.{order}
+"""
+_SESSION_PAGE = _PAGE.format(
+    columns="page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,"
+    " s.owner_id",
+    table="session_events",
+    key="session_id",
+    order="seq",
+    join="JOIN sessions s ON s.id = page.session_id",
+)
+_OWNER_PAGE = _PAGE.format(
+    columns="page.owner_id, page.id, page.session_id, page.type, page.data, page.created_at",
+    table="owner_events",
+    key="owner_id",
+    order="id",
+    join="",
+)
+
+
 async def read_session_events(
     conn: Connection, session_id: UUID, after: int, limit: int, max_bytes: int | None = None
 ) -> list[dict[str, Any]]:
     """Events after seq `after`: at most `limit`, and with `max_bytes` only as many as fit in
     that many bytes of event data (always at least one), so no read holds a session's whole
     log in memory however big its events are."""
-    cur = await conn.execute(
-        """
-        SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,
-               page.size, s.owner_id
-        FROM (
-            SELECT e.*, sum(e.size) OVER (ORDER BY e.seq) AS upto FROM session_events e
-            WHERE e.session_id = %(session_id)s AND e.seq > %(after)s
-            ORDER BY e.seq LIMIT %(limit)s
-        ) page JOIN sessions s ON s.id = page.session_id
-        WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
-        ORDER BY page.seq
-        """,
-        {"session_id": session_id, "after": after, "limit": limit, "max_bytes": max_bytes},
-    )
-    return await cur.fetchall()
+    params = {"key": session_id, "after": after, "limit": limit, "max_bytes": max_bytes}
+    return await (await conn.execute(_SESSION_PAGE, params)).fetchall()
 
 
 async def session_event_pages(
@@ -144,16 +159,11 @@ async def session_head(conn: Connection, session_id: UUID) -> dict[str, Any] | N
 
 
 async def read_owner_events(
-    conn: Connection, owner_id: str, after: int, limit: int
+    conn: Connection, owner_id: str, after: int, limit: int, max_bytes: int | None = None
 ) -> list[dict[str, Any]]:
-    cur = await conn.execute(
-        """
-        SELECT owner_id, id, session_id, type, data, created_at FROM owner_events
-        WHERE owner_id = %s AND id > %s ORDER BY id LIMIT %s
-        """,
-        (owner_id, after, limit),
-    )
-    return await cur.fetchall()
+    """Owner events after id `after`, bounded as `read_session_events` bounds its page."""
+    params = {"key": owner_id, "after": after, "limit": limit, "max_bytes": max_bytes}
+    return await (await conn.execute(_OWNER_PAGE, params)).fetchall()
 
 
 async def owner_feed_bounds(conn: Connection, owner_id: str) -> tuple[int, int | None]:

@@ -1,19 +1,23 @@
 """Shared tails of the logs: however many streams of one process watch a feed, one task reads
 each new event from the database once and hands it to all of them.
 
-A feed keeps the newest events in memory. A stream whose cursor is older than that buffer reads
-the database itself; a stream at the tail waits on the feed. Every read is by cursor, so a lost
-or late notification only delays delivery (bounded by the poll interval).
+A feed keeps the newest events in memory, as many as fit in its byte budget. A stream whose
+cursor is older than that buffer reads the database itself; a stream at the tail waits on the
+feed. Every read is by cursor, so a lost or late notification only delays delivery (bounded by
+the poll interval). Every read, from memory or the database, takes about one write's worth of
+events, so a stream whose client does not read holds no more than that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from app.backoff import Backoff
 from app.bus import Bus
@@ -22,7 +26,39 @@ from app.streams.frames import Event, ephemeral_frame
 
 log = logging.getLogger(__name__)
 
-BATCH = 500
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim (gives the heap's free pages back to the OS), or None without it."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+T = TypeVar("T")
+
+# Rows per read at most (reads are bounded in bytes too), so a page of tiny events stays small.
+PAGE_ROWS = 500
+
+
+@dataclass(frozen=True)
+class Page:
+    """Events read from the log after a cursor; `more` when the read stopped at its byte or
+    row bound, so more may follow."""
+
+    events: list[Event]
+    more: bool
+
+    @classmethod
+    def of(
+        cls, rows: list[dict[str, Any]], event: Callable[[dict[str, Any]], Event], max_bytes: int
+    ) -> Page:
+        """A page of store rows read with `max_bytes` and PAGE_ROWS (each row has its `size`)."""
+        full = len(rows) >= PAGE_ROWS or sum(row["size"] for row in rows) >= max_bytes
+        return cls([event(row) for row in rows], full)
 
 
 @dataclass(frozen=True)
@@ -31,17 +67,69 @@ class FeedSource:
 
     key: str
     head: Callable[[], Awaitable[tuple[int, bool]]]  # (last id, closed)
-    read: Callable[[int, int], Awaitable[list[Event]]]  # (after, limit) -> events
+    # (after, max_bytes) -> the events after `after` until their data reaches `max_bytes`
+    # (at least one event, when there is one).
+    read: Callable[[int, int], Awaitable[Page]]
     # Whether the subject can go away (a session can be deleted; an owner's feed cannot):
     # only then is the head re-read after each batch to notice it.
     closable: bool = True
 
 
+class Tail(Generic[T]):
+    """The newest items of a numbered sequence (consecutive numbers), as many as fit in
+    `max_bytes`, but always the newest one. Sized in bytes, not items: a count bounds nothing
+    when one item may be a few bytes or a few megabytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.items: deque[tuple[int, T, int]] = deque()  # (number, item, bytes)
+        self.bytes = 0
+
+    def append(self, number: int, item: T, size: int) -> None:
+        self.items.append((number, item, size))
+        self.bytes += size
+        while self.bytes > self.max_bytes and len(self.items) > 1:
+            self.bytes -= self.items.popleft()[2]
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.bytes = 0
+
+    def reaches(self, number: int) -> bool:
+        """Whether it holds every item after `number` that it ever held."""
+        return bool(self.items) and self.items[0][0] <= number + 1
+
+    def after(self, number: int, max_bytes: int) -> tuple[list[T], int]:
+        """Items after `number` (from the oldest held, if that is newer), the oldest first, as
+        many as fit in `max_bytes` but at least one; and the number of the last one given
+        (`number` when none)."""
+        if not self.items or self.items[-1][0] <= number:
+            return [], number
+        start = max(0, number + 1 - self.items[0][0])
+        # Indexing from the start, not a slice: a deque indexes from its nearer end, and the
+        # readers are nearly all at the tail.
+        got: list[T] = []
+        size = 0
+        for i in range(start, len(self.items)):
+            n, item, item_bytes = self.items[i]
+            if got and size + item_bytes > max_bytes:
+                break
+            got.append(item)
+            size += item_bytes
+            number = n
+        return got, number
+
+
 class Feed:
-    def __init__(self, source: FeedSource, *, buffer_size: int, poll_interval: float) -> None:
+    def __init__(
+        self, source: FeedSource, *, buffer_bytes: int, write_bytes: int, poll_interval: float
+    ) -> None:
         self.source = source
         self.poll_interval = poll_interval
-        self.buffer: deque[Event] = deque(maxlen=buffer_size)
+        # What one stream takes at a time, from memory or the database: one write's worth, so a
+        # stream that cannot send holds no more than that (and its write).
+        self.write_bytes = write_bytes
+        self.buffer: Tail[Event] = Tail(buffer_bytes)
         self.head = 0  # newest id this feed has read
         self.closed = False  # the feed's subject is gone (a deleted session)
         self.ready = asyncio.Event()
@@ -50,8 +138,10 @@ class Feed:
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wake = asyncio.Event()
         self.subscribers = 0
-        # Ephemeral frames (token deltas): never logged, kept briefly for live subscribers.
-        self.ephemeral: deque[tuple[int, bytes]] = deque(maxlen=256)
+        # Ephemeral frames (token deltas): never logged, kept briefly for live subscribers. A
+        # stream more than a write's worth behind loses the oldest: the durable
+        # assistant_message carries the whole text.
+        self.ephemeral: Tail[bytes] = Tail(write_bytes)
         self.ephemeral_count = 0
         self.task: asyncio.Task[None] | None = None
         self.subscription = contextlib.ExitStack()
@@ -65,12 +155,14 @@ class Feed:
             self._wake.set()
             return
         self.ephemeral_count += 1
-        self.ephemeral.append((self.ephemeral_count, ephemeral_frame(ephemeral)))
+        frame = ephemeral_frame(ephemeral)
+        self.ephemeral.append(self.ephemeral_count, frame, len(frame))
         self._announce()
 
     def ephemeral_since(self, seen: int) -> tuple[list[bytes], int]:
-        """Ephemeral frames after number `seen` still in memory, and the newest number."""
-        return [frame for n, frame in self.ephemeral if n > seen], self.ephemeral_count
+        """Ephemeral frames after number `seen` still in memory, a write's worth at most, and
+        the number of the last one given."""
+        return self.ephemeral.after(seen, self.write_bytes)
 
     @property
     def changed(self) -> asyncio.Future[None]:
@@ -101,20 +193,30 @@ class Feed:
             self._ticker.cancel()
             self._ticker = None
 
+    def close(self) -> None:
+        """Stop, and let go of the buffered frames now: the cancelled task's traceback keeps
+        this feed alive in a reference cycle until the cycle collector runs, maybe much later."""
+        self.subscription.close()
+        self.stop_ticking()
+        if self.task is not None:
+            self.task.cancel()
+        self.buffer.clear()
+        self.ephemeral.clear()
+
     def since(self, cursor: int) -> list[Event] | None:
-        """Buffered events after `cursor`, or None when the buffer no longer reaches back."""
+        """Buffered events after `cursor`, a write's worth at most, or None when the buffer no
+        longer reaches back."""
         if cursor >= self.head:
             return []
-        if not self.buffer or self.buffer[0].id > cursor + 1:
+        if not self.buffer.reaches(cursor):
             return None
-        start = cursor + 1 - self.buffer[0].id
-        return [self.buffer[i] for i in range(start, len(self.buffer))]
+        return self.buffer.after(cursor, self.write_bytes)[0]
 
     async def read(self, cursor: int) -> list[Event]:
-        """The next events after `cursor`, from memory when possible."""
+        """The next events after `cursor`, a write's worth at most, from memory when possible."""
         events = self.since(cursor)
         if events is None:
-            events = await self.source.read(cursor, BATCH)
+            events = (await self.source.read(cursor, self.write_bytes)).events
         return events
 
     async def run(self) -> None:
@@ -135,12 +237,13 @@ class Feed:
 
     async def _catch_up(self) -> None:
         while True:
-            events = await self.source.read(self.head, BATCH)
-            if events:
-                self.buffer.extend(events)
-                self.head = events[-1].id
+            page = await self.source.read(self.head, self.write_bytes)
+            for event in page.events:
+                self.buffer.append(event.id, event, event.size)
+            if page.events:
+                self.head = page.events[-1].id
                 self._announce()
-            if len(events) < BATCH:
+            if not page.more:
                 break
         if self.source.closable and not self.closed:
             _, closed = await self.source.head()
@@ -182,12 +285,21 @@ async def wait_changed(changed: asyncio.Future[None], timeout: float | None = No
 class FeedHub:
     """The process's feeds, created on first subscriber and dropped after the last leaves."""
 
-    def __init__(self, bus: Bus, *, buffer_size: int = 2048, poll_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        buffer_bytes: int = 16 * 1_048_576,
+        write_bytes: int = 65_536,
+        poll_interval: float = 5.0,
+    ) -> None:
         self.bus = bus
-        self.buffer_size = buffer_size
+        self.buffer_bytes = buffer_bytes
+        self.write_bytes = write_bytes
         self.poll_interval = poll_interval
         self.feeds: dict[str, Feed] = {}
         self._shutdown_watch: asyncio.Task[None] | None = None
+        self._trim: asyncio.TimerHandle | None = None
 
     def watch_shutdown(self, shutdown: asyncio.Event) -> None:
         """Wake every feed's streams once `shutdown` is set, so that a stream waits on its feed
@@ -211,7 +323,12 @@ class FeedHub:
         streams at least that often (their keep-alive)."""
         feed = self.feeds.get(source.key)
         if feed is None:
-            feed = Feed(source, buffer_size=self.buffer_size, poll_interval=self.poll_interval)
+            feed = Feed(
+                source,
+                buffer_bytes=self.buffer_bytes,
+                write_bytes=self.write_bytes,
+                poll_interval=self.poll_interval,
+            )
             self.feeds[source.key] = feed
             feed.subscription.enter_context(self.bus.subscribe(source.key, feed.wake))
             feed.task = asyncio.create_task(feed.run(), name=f"feed {source.key}")
@@ -224,7 +341,17 @@ class FeedHub:
             feed.subscribers -= 1
             if feed.subscribers == 0:
                 self.feeds.pop(source.key, None)
-                feed.subscription.close()
-                feed.stop_ticking()
-                if feed.task is not None:
-                    feed.task.cancel()
+                feed.close()
+                self._give_back_memory_soon()
+
+    def _give_back_memory_soon(self) -> None:
+        """Return the heap's free pages to the OS shortly (once for a burst of feeds that go).
+        A feed's events are big allocations that malloc serves from the heap, and freeing them
+        leaves holes it keeps: a process that once held many would stay that big."""
+        if _MALLOC_TRIM is not None and self._trim is None:
+            self._trim = asyncio.get_running_loop().call_later(1.0, self._give_back_memory)
+
+    def _give_back_memory(self) -> None:
+        self._trim = None
+        assert _MALLOC_TRIM is not None
+        _MALLOC_TRIM(0)

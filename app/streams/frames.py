@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,45 +29,85 @@ def parse_cursor(raw: str | None) -> int | None:
     return int(text)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Event:
-    """One durable event of a feed, serialized at most once per phase however many read it."""
+    """One durable event of a feed, serialized once however many streams send it, in either
+    phase: `lead` is its whole frame up to the envelope's `phase` field (the envelope's last
+    field), so a frame is `lead` plus a constant tail. It keeps no parsed copy of its data: a
+    feed's memory is its frames."""
 
     id: int
     type: str
-    envelope: dict[str, Any]
-    _frames: dict[str, bytes] = field(default_factory=dict, repr=False)
+    lead: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, id_: int, type_: str, envelope: dict[str, Any]) -> Event:
+        body = _json(envelope)
+        return cls(id_, type_, _frame_head(type_, str(id_)) + _utf8(body[:-1]))
 
     def frame(self, phase: Phase) -> bytes:
-        cached = self._frames.get(phase)
-        if cached is None:
-            body = json.dumps({**self.envelope, "phase": phase}, separators=(",", ":"))
-            cached = sse_frame(self.type, body, str(self.id))
-            self._frames[phase] = cached
-        return cached
+        return self.lead + _PHASE_TAILS[phase]
+
+    @property
+    def size(self) -> int:
+        """Bytes of its frame, what a feed's buffer and a write count."""
+        return len(self.lead) + _PHASE_TAIL_BYTES
+
+
+_PHASE_TAILS: dict[Phase, bytes] = {
+    phase: f',"phase":"{phase}"}}\n\n'.encode() for phase in ("backlog", "live")
+}
+_PHASE_TAIL_BYTES = max(len(tail) for tail in _PHASE_TAILS.values())
+
+
+def _json(value: dict[str, Any]) -> str:
+    """Compact JSON that carries text as UTF-8, not \\u escapes (an emoji is 4 bytes on the
+    wire, not 12); it still escapes line breaks, so it fits on one `data:` line."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8, with a lone surrogate (which JSON text from a NOTIFY payload may hold) written as
+    the `\\udXXX` escape that ensure_ascii would have written: it can only sit inside a JSON
+    string, where that escape means the same."""
+    return text.encode("utf-8", "backslashreplace")
+
+
+def writes(frames: Iterable[bytes], limit: int) -> Iterator[bytes]:
+    """Consecutive frames joined into writes of at most `limit` bytes; a frame bigger than that
+    is a write of its own. Lazy: frames are taken one at a time, so no more than one write and
+    the frame after it are ever held."""
+    pending: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if pending and size + len(frame) > limit:
+            yield b"".join(pending)
+            pending, size = [], 0
+        pending.append(frame)
+        size += len(frame)
+    if pending:
+        yield b"".join(pending)
+
+
+def event_writes(events: Iterable[Event], phase: Phase, limit: int) -> Iterator[bytes]:
+    """The frames of `events` in `phase`, in writes of at most `limit` bytes (see `writes`)."""
+    return writes((event.frame(phase) for event in events), limit)
 
 
 def owner_event(row: dict[str, Any]) -> Event:
-    return Event(
-        id=row["id"],
-        type=row["type"],
-        envelope={
-            "id": str(row["id"]),
-            "type": row["type"],
-            "sessionId": str(row["session_id"]),
-            "ownerId": row["owner_id"],
-            "ts": rfc3339(row["created_at"]),
-            "data": row["data"],
-        },
-    )
+    envelope = {
+        "id": str(row["id"]),
+        "type": row["type"],
+        "sessionId": str(row["session_id"]),
+        "ownerId": row["owner_id"],
+        "ts": rfc3339(row["created_at"]),
+        "data": row["data"],
+    }
+    return Event.of(row["id"], row["type"], envelope)
 
 
 def session_event(row: dict[str, Any]) -> Event:
-    return Event(
-        id=row["seq"],
-        type=row["type"],
-        envelope=session_envelope(row),
-    )
+    return Event.of(row["seq"], row["type"], session_envelope(row))
 
 
 def session_envelope(row: dict[str, Any], phase: Phase | None = None) -> dict[str, Any]:
@@ -90,8 +131,12 @@ def sse_frame(event: str, data: str, id_: str | None = None) -> bytes:
 
     `data` is compact JSON, which never contains a line break, so one `data:` line suffices.
     """
+    return _frame_head(event, id_) + _utf8(data) + b"\n\n"
+
+
+def _frame_head(event: str, id_: str | None) -> bytes:
     head = f"id: {id_}\n" if id_ is not None else ""
-    return f"{head}event: {event}\ndata: {data}\n\n".encode()
+    return f"{head}event: {event}\ndata: ".encode()
 
 
 def ephemeral_frame(body: str) -> bytes:
@@ -101,12 +146,12 @@ def ephemeral_frame(body: str) -> bytes:
         event = str(envelope["type"])
     except (ValueError, KeyError, TypeError):
         return b""
-    return sse_frame(event, json.dumps({**envelope, "phase": "live"}, separators=(",", ":")))
+    return sse_frame(event, _json({**envelope, "phase": "live"}))
 
 
 def control(event: str, data: dict[str, Any]) -> bytes:
     """A control frame: no `id:`, so it never moves a client's cursor."""
-    return sse_frame(event, json.dumps(data, separators=(",", ":")))
+    return sse_frame(event, _json(data))
 
 
 def retry(ms: int) -> bytes:

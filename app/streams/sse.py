@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from prometheus_client import Gauge
@@ -15,7 +15,7 @@ from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import TooManyStreams
 from app.streams.feed import FeedHub, FeedSource, wait_changed
-from app.streams.frames import PING, ResyncReason, control, retry
+from app.streams.frames import PING, ResyncReason, control, event_writes, retry
 
 OPEN_STREAMS = Gauge("ferryman_sse_streams_open", "Open SSE streams", ["kind"])
 
@@ -59,7 +59,7 @@ async def wait_any(*events: asyncio.Event, timeout: float) -> bool:
 
 async def resync_stream(
     reason: ResyncReason, cursor: int, current: int, options: StreamOptions
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Tell the client to take a fresh snapshot, then close."""
     yield retry(options.retry_ms)
     yield resync_frame(reason, cursor, current)
@@ -85,7 +85,7 @@ async def event_stream(
     cursor: int,
     options: StreamOptions,
     shutdown: asyncio.Event,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     OPEN_STREAMS.labels(kind).inc()
     try:
         yield retry(options.retry_ms)
@@ -107,8 +107,8 @@ async def event_stream(
                 if events[0].id != cursor + 1:
                     yield _expired(cursor, feed.head)
                     return
-                # One write per batch, not per event.
-                yield b"".join(event.frame("backlog") for event in events)
+                for chunk in event_writes(events, "backlog", feed.write_bytes):
+                    yield chunk
                 replayed += len(events)
                 cursor = events[-1].id
             yield control(
@@ -117,15 +117,17 @@ async def event_stream(
             )
             if not options.follow:
                 return
-            _, ephemeral_seen = feed.ephemeral_since(0)
+            ephemeral_seen = feed.ephemeral_count
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
                 changed = feed.changed
-                if feed.ephemeral_count != ephemeral_seen:
-                    ephemeral, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
-                    for frame in ephemeral:
-                        yield frame
-                        sent = True
+                # Each turn takes a write's worth of deltas and of events (or one event bigger
+                # than that) from the feed, and only once the last went: a stream that cannot
+                # send holds no more.
+                deltas, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
+                if deltas:
+                    yield b"".join(deltas)
+                    sent = True
                 try:
                     # From the feed's memory without a coroutine when it can (the common case:
                     # every stream of a feed runs this at every event).
@@ -139,15 +141,13 @@ async def event_stream(
                     yield _expired(cursor, feed.head)
                     return
                 if events:
-                    # Events that arrived together leave in one write (a stream that fell
-                    # behind catches up in a few sends).
-                    if len(events) == 1:
-                        yield events[0].frame("live")
-                    else:
-                        yield b"".join(event.frame("live") for event in events)
+                    for chunk in event_writes(events, "live", feed.write_bytes):
+                        yield chunk
                     cursor = events[-1].id
                     sent = True
                     continue
+                if deltas:
+                    continue  # more may wait
                 if feed.closed or shutdown.is_set():
                     return
                 if not sent:

@@ -20,6 +20,18 @@ class ToolCall:
     # with a clear error, and the model is shown exactly what it sent.
     invalid_arguments: str | None = None
 
+    @classmethod
+    def from_text(cls, call_id: str, name: str, text: str) -> ToolCall:
+        """A call whose arguments a model streamed as JSON text: kept as written when they are
+        not a JSON object (the call then fails, and the model sees what it sent)."""
+        try:
+            arguments = json.loads(text or "{}")
+        except json.JSONDecodeError:
+            return cls(call_id, name, {}, text)
+        if not isinstance(arguments, dict):
+            return cls(call_id, name, {}, text)
+        return cls(call_id, name, arguments)
+
     def arguments_text(self) -> str:
         """The arguments as JSON text; as the model wrote them when they were not an object."""
         if self.invalid_arguments is not None:

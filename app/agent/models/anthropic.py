@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -161,21 +160,11 @@ class _Turn:
         if stop is None:
             raise ModelFault("internal", f"the provider ended the turn with {self.stop_reason!r}")
         calls = tuple(
-            _tool_call(use, "".join(self.inputs.get(index, ())))
+            ToolCall.from_text(use["id"], use["name"], "".join(self.inputs.get(index, ())))
             for index, use in sorted(self.tool_uses.items())
         )
         usage = Usage(self.input_tokens, self.output_tokens, self.cached_tokens)
         return AssistantMessage("".join(self.text), calls, stop, usage=usage)
-
-
-def _tool_call(use: dict[str, str], raw: str) -> ToolCall:
-    try:
-        arguments = json.loads(raw or "{}")
-    except json.JSONDecodeError:
-        return ToolCall(use["id"], use["name"], {}, raw)
-    if not isinstance(arguments, dict):
-        return ToolCall(use["id"], use["name"], {}, raw)
-    return ToolCall(use["id"], use["name"], arguments)
 
 
 class AnthropicModel:

@@ -3,7 +3,6 @@ Azure through a base URL), streamed, with function calling, on the official `ope
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -150,13 +149,7 @@ class _CallSlot:
     def call(self) -> ToolCall:
         # Unique when the server sends none: results are matched to calls by id.
         call_id = self.id or f"call_{uuid.uuid4().hex[:12]}"
-        try:
-            arguments = json.loads(self.arguments or "{}")
-        except json.JSONDecodeError:
-            return ToolCall(call_id, self.name, {}, self.arguments)
-        if not isinstance(arguments, dict):
-            return ToolCall(call_id, self.name, {}, self.arguments)
-        return ToolCall(call_id, self.name, arguments)
+        return ToolCall.from_text(call_id, self.name, self.arguments)
 
 
 @dataclass

@@ -6,6 +6,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/ferryman
 COPY pyproject.toml README.md ./
 COPY app ./app
+# The migrations: the wheel that `pip install .` builds carries them as app/migrations.
+COPY alembic ./alembic
 RUN pip install . && useradd --system --create-home ferryman \
     && mkdir -p /var/lib/ferryman && chown ferryman /var/lib/ferryman
 USER ferryman

@@ -18,7 +18,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Arbitrary constant shared by every Ferryman process: replicas starting together take turns.
 MIGRATION_LOCK_KEY = 0x46455252594D414E  # "FERRYMAN"
 # Seconds to wait for the server's answer when the URL does not say: a host that never answers
@@ -26,9 +25,22 @@ MIGRATION_LOCK_KEY = 0x46455252594D414E  # "FERRYMAN"
 CONNECT_TIMEOUT = 5
 
 
+@lru_cache(maxsize=1)
+def migrations_dir() -> Path:
+    """The Alembic scripts: app/migrations in an installed wheel (pyproject.toml maps the
+    top-level alembic/ there), else the checkout's alembic/ beside app/ (a source tree or an
+    editable install)."""
+    app_dir = Path(__file__).resolve().parent.parent
+    for candidate in (app_dir / "migrations", app_dir.parent / "alembic"):
+        # env.py and no __init__.py: migration scripts, never the Alembic library's package.
+        if (candidate / "env.py").is_file() and not (candidate / "__init__.py").exists():
+            return candidate
+    raise RuntimeError(f"no Alembic migrations in {app_dir / 'migrations'} or beside {app_dir}")
+
+
 def _config() -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", str(migrations_dir()))
     return cfg
 
 

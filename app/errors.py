@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
+
+
+class ProblemCode(StrEnum):
+    """Every `code` a problem+json answer can carry: stable, for clients to switch on (the
+    OpenAPI document lists them as the `Problem.code` enum)."""
+
+    BAD_REQUEST = "BAD_REQUEST"
+    MALFORMED_JSON = "MALFORMED_JSON"
+    INVALID_CURSOR = "INVALID_CURSOR"
+    INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
+    AUTH_REQUIRED = "AUTH_REQUIRED"
+    INVALID_API_KEY = "INVALID_API_KEY"
+    CROSS_SITE_REQUEST = "CROSS_SITE_REQUEST"
+    LOCAL_MODE_NOT_LOCAL = "LOCAL_MODE_NOT_LOCAL"
+    NOT_FOUND = "NOT_FOUND"
+    SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
+    SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    APPROVAL_NOT_PENDING = "APPROVAL_NOT_PENDING"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
+    HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    HTTP_ERROR = "HTTP_ERROR"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    NOT_READY = "NOT_READY"
 
 
 class FerrymanError(Exception):
     status: int = 400
-    code: str = "BAD_REQUEST"
+    code: ProblemCode = ProblemCode.BAD_REQUEST
     title: str = "Bad Request"
 
     def __init__(self, detail: str, **extra: Any) -> None:
@@ -17,25 +48,25 @@ class FerrymanError(Exception):
 
 
 class NotFound(FerrymanError):
-    status, code, title = 404, "NOT_FOUND", "Not Found"
+    status, code, title = 404, ProblemCode.NOT_FOUND, "Not Found"
 
 
 class SessionNotFound(NotFound):
-    code = "SESSION_NOT_FOUND"
+    code = ProblemCode.SESSION_NOT_FOUND
 
     def __init__(self) -> None:
         super().__init__("no such session")
 
 
 class SessionAlreadyTerminal(FerrymanError):
-    status, code, title = 409, "SESSION_ALREADY_TERMINAL", "Conflict"
+    status, code, title = 409, ProblemCode.SESSION_ALREADY_TERMINAL, "Conflict"
 
     def __init__(self, status: str) -> None:
         super().__init__(f"session is already {status}", sessionStatus=status)
 
 
 class IdempotencyKeyReused(FerrymanError):
-    status, code, title = 409, "IDEMPOTENCY_KEY_REUSED", "Conflict"
+    status, code, title = 409, ProblemCode.IDEMPOTENCY_KEY_REUSED, "Conflict"
 
     def __init__(self) -> None:
         super().__init__(
@@ -44,31 +75,31 @@ class IdempotencyKeyReused(FerrymanError):
 
 
 class ApprovalNotPending(FerrymanError):
-    status, code, title = 409, "APPROVAL_NOT_PENDING", "Conflict"
+    status, code, title = 409, ProblemCode.APPROVAL_NOT_PENDING, "Conflict"
 
 
 class InvalidCursor(FerrymanError):
-    status, code, title = 400, "INVALID_CURSOR", "Bad Request"
+    status, code, title = 400, ProblemCode.INVALID_CURSOR, "Bad Request"
 
 
 class InvalidPageToken(FerrymanError):
-    status, code, title = 400, "INVALID_PAGE_TOKEN", "Bad Request"
+    status, code, title = 400, ProblemCode.INVALID_PAGE_TOKEN, "Bad Request"
 
 
 class AuthRequired(FerrymanError):
-    status, code, title = 401, "AUTH_REQUIRED", "Unauthorized"
+    status, code, title = 401, ProblemCode.AUTH_REQUIRED, "Unauthorized"
 
 
 class InvalidApiKey(FerrymanError):
-    status, code, title = 401, "INVALID_API_KEY", "Unauthorized"
+    status, code, title = 401, ProblemCode.INVALID_API_KEY, "Unauthorized"
 
 
 class PayloadTooLarge(FerrymanError):
-    status, code, title = 413, "PAYLOAD_TOO_LARGE", "Payload Too Large"
+    status, code, title = 413, ProblemCode.PAYLOAD_TOO_LARGE, "Payload Too Large"
 
 
 class TooManyStreams(FerrymanError):
-    status, code, title = 429, "TOO_MANY_STREAMS", "Too Many Requests"
+    status, code, title = 429, ProblemCode.TOO_MANY_STREAMS, "Too Many Requests"
 
     def __init__(self, limit: int) -> None:
         super().__init__(
@@ -79,7 +110,7 @@ class TooManyStreams(FerrymanError):
 
 
 class DatabaseUnavailable(FerrymanError):
-    status, code, title = 503, "DATABASE_UNAVAILABLE", "Service Unavailable"
+    status, code, title = 503, ProblemCode.DATABASE_UNAVAILABLE, "Service Unavailable"
 
 
 class FenceRefused(Exception):

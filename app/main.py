@@ -15,9 +15,10 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
+from fastapi_offline import FastAPIOffline
 
 from app import __version__
-from app.api import ops, problems, sessions, streams, tools
+from app.api import openapi, ops, problems, sessions, streams, tools
 from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics
 from app.config import Settings, get_settings
 from app.db import bootstrap
@@ -82,13 +83,15 @@ def create_app(
             running.callback(services.shutdown.set)  # first: open streams end
             yield
 
-    app = FastAPI(
+    # Swagger UI and ReDoc served from the package, not a CDN: /docs works offline.
+    app = FastAPIOffline(
         title="Ferryman",
         version=__version__,
         summary="Durable LLM agent sessions: leases, fenced writes, crash recovery, SSE.",
         lifespan=lifespan,
     )
     problems.install(app)
+    openapi.install(app)
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)
     app.include_router(tools.router)

@@ -735,12 +735,15 @@ async def test_openapi_declares_every_error_status(server: ServerProcess) -> Non
         for op in item.values()
         if isinstance(op, dict) and "operationId" in op
     }
-    common = {"401", "404", "422", "503"}
-    body = common | {"400", "413"}  # MALFORMED_JSON, PAYLOAD_TOO_LARGE
-    assert declared["createSession"] >= body | {"200", "201", "409"}
-    assert declared["renameSession"] >= body
-    assert declared["postMessage"] >= body
-    assert declared["listSessions"] >= common | {"400"}  # INVALID_PAGE_TOKEN
-    assert declared["cancelSession"] >= common | {"409"}
+    common = {"401", "403", "503"}  # a key, local mode's refusals, the database
+    one = common | {"404"}  # an operation on one session
+    body = {"400", "413", "415", "422"}  # MALFORMED_JSON, PAYLOAD_TOO_LARGE, a media type, fields
+    assert declared["createSession"] >= common | body | {"200", "201", "409"}
+    assert declared["renameSession"] >= one | body
+    assert declared["postMessage"] >= one | body
+    assert declared["decideToolApproval"] >= one | body | {"409"}
+    assert declared["listSessions"] >= common | {"400", "422"}  # INVALID_PAGE_TOKEN, limit
+    assert declared["cancelSession"] >= one | {"409"}
+    assert declared["streamSessionEvents"] >= {"404"}
     for stream in ("streamOwnerEvents", "streamSessionEvents"):
         assert declared[stream] >= common | {"400", "429"}  # INVALID_CURSOR, TOO_MANY_STREAMS

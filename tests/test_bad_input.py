@@ -195,6 +195,46 @@ async def test_validation_errors_name_the_field(http: httpx.AsyncClient) -> None
     assert body["errors"][0]["field"] == "extra"
 
 
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"prompt": "x", "title": ""}, "title: must be at least 1 character(s) long"),
+        ({"prompt": "x", "title": "t" * 201}, "title: must be at most 200 characters long"),
+        ({"prompt": "x", "modelSettings": {"temperature": 3}}, "modelSettings.temperature: must"),
+        ({"prompt": "x", "modelSettings": {"stop": [""]}}, "modelSettings.stop.0: must be at"),
+        ({"prompt": "x", "tools": "sleep"}, "tools: must be a list"),
+        ({"prompt": "x", "extra": 1}, "extra: is not a field this request takes"),
+        ({}, "prompt: is required"),
+    ],
+)
+async def test_validation_errors_say_the_field_and_the_rule_in_plain_words(
+    http: httpx.AsyncClient, body: dict[str, Any], detail: str
+) -> None:
+    problem = assert_problem(await http.post("/api/agent", json=body), 422, "VALIDATION_ERROR")
+    assert problem["detail"].startswith(detail), problem
+    assert "Value should" not in problem["detail"] and "after validation" not in problem["detail"]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_a_body_that_is_not_json_is_a_415_that_says_so(
+    http: httpx.AsyncClient, content_type: str | None
+) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = http.build_request("POST", "/api/agent", content=b'{"prompt": "x"}', headers=headers)
+    assert ("content-type" in request.headers) == (content_type is not None)
+    problem = assert_problem(await http.send(request), 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert "application/json" in problem["detail"]
+    # A JSON body of the wrong shape is still a 422 about the body.
+    problem = assert_problem(await http.post("/api/agent", json=[1]), 422, "VALIDATION_ERROR")
+    assert problem["errors"][0]["field"] == "body"
+
+
+async def test_a_bad_last_event_id_is_echoed_as_sent(http: httpx.AsyncClient) -> None:
+    headers = {"Last-Event-ID": "\uff11\uff12".encode()}  # sent as UTF-8
+    response = await http.get("/api/agent/owner-events", headers=headers)
+    assert "'\uff11\uff12'" in assert_problem(response, 400, "INVALID_CURSOR")["detail"]
+
+
 async def test_limits_are_inclusive(http: httpx.AsyncClient) -> None:
     """Just inside every limit is accepted."""
     big_metadata = {"blob": "x" * (16_384 - len('{"blob":""}'))}

@@ -14,6 +14,7 @@ from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.problems import problem
+from app.errors import ProblemCode
 
 REQUESTS = Counter("ferryman_http_requests_total", "HTTP requests", ["method", "route", "status"])
 LATENCY = Histogram(
@@ -58,7 +59,7 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem(
             413,
-            "PAYLOAD_TOO_LARGE",
+            ProblemCode.PAYLOAD_TOO_LARGE,
             "Payload Too Large",
             _too_large_detail(self.max_bytes),
         )
@@ -148,7 +149,7 @@ class LocalOnly:
         if host and not self._is_local(_authority_host(host)):
             return problem(
                 421,
-                "HOST_NOT_ALLOWED",
+                ProblemCode.HOST_NOT_ALLOWED,
                 "Misdirected Request",
                 f"local mode answers only names of this machine, not Host {host!r}: open it "
                 "at localhost, *.localhost, 127.0.0.0/8 or [::1], or add the name to "
@@ -159,7 +160,7 @@ class LocalOnly:
         if writes and origin and not self._is_local(_origin_host(origin)):
             return problem(
                 403,
-                "CROSS_SITE_REQUEST",
+                ProblemCode.CROSS_SITE_REQUEST,
                 "Forbidden",
                 f"in local mode only pages of this machine may make changes, not a page of "
                 f"Origin {origin!r}",
@@ -180,7 +181,7 @@ class LocalOnly:
 def _not_local(why: str) -> JSONResponse:
     return problem(
         403,
-        "LOCAL_MODE_NOT_LOCAL",
+        ProblemCode.LOCAL_MODE_NOT_LOCAL,
         "Forbidden",
         f"local mode answers only requests made on this machine, and {why}; serve with "
         "FERRYMAN_AUTH=keys and send an API key",

@@ -13,10 +13,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from psycopg_pool import PoolTimeout
 
 from app.api.deps import ServicesDep, resolve_owner
+from app.api.openapi import problems
 from app.api.problems import problem
 from app.db import migrate
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.errors import AuthRequired, InvalidApiKey
+from app.errors import AuthRequired, InvalidApiKey, ProblemCode
 
 router = APIRouter(tags=["operations"])
 
@@ -36,7 +37,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", operation_id="readyz", responses={503: {"description": "Not ready"}})
+@router.get("/readyz", operation_id="readyz", responses=problems(503))
 async def readyz(services: ServicesDep) -> Response:
     """Ready when the database answers, the LISTEN connection is up and migrations are at head."""
     checks: dict[str, Any] = {}
@@ -58,7 +59,11 @@ async def readyz(services: ServicesDep) -> Response:
     if all(value == "ok" for value in checks.values()):
         return JSONResponse({"status": "ready", "checks": checks})
     return problem(
-        503, "NOT_READY", "Service Unavailable", "a dependency is not ready", checks=checks
+        503,
+        ProblemCode.NOT_READY,
+        "Service Unavailable",
+        "a dependency is not ready",
+        checks=checks,
     )
 
 

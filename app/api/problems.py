@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import email.message
 import logging
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -13,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.errors import FerrymanError
+from app.errors import FerrymanError, ProblemCode
 
 log = logging.getLogger(__name__)
 
@@ -24,25 +26,27 @@ _FASTAPI_BODY_ERROR = "There was an error parsing the body"
 _HTTP_TITLES = {413: "Payload Too Large"}  # the RFC 9110 name; Python 3.11 has the old one
 
 _HTTP_CODES = {
-    400: "BAD_REQUEST",
-    401: "AUTH_REQUIRED",
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    406: "NOT_ACCEPTABLE",
-    413: "PAYLOAD_TOO_LARGE",
-    415: "UNSUPPORTED_MEDIA_TYPE",
+    400: ProblemCode.BAD_REQUEST,
+    401: ProblemCode.AUTH_REQUIRED,
+    404: ProblemCode.NOT_FOUND,
+    405: ProblemCode.METHOD_NOT_ALLOWED,
+    406: ProblemCode.NOT_ACCEPTABLE,
+    413: ProblemCode.PAYLOAD_TOO_LARGE,
+    415: ProblemCode.UNSUPPORTED_MEDIA_TYPE,
 }
+# Errors named in the 422's `detail`; all of them are in its `errors`.
+_DETAIL_ERRORS = 3
 
 
 def problem(
     status: int,
-    code: str,
+    code: ProblemCode,
     title: str,
     detail: str,
     headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
-    body = {"type": "about:blank", "title": title, "status": status, "code": code}
+    body = {"type": "about:blank", "title": title, "status": status, "code": str(code)}
     body["detail"] = detail
     body.update(extra)
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
@@ -56,32 +60,122 @@ def _ferryman_error(_: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status, exc.code, exc.title, exc.detail, headers, **exc.extra)
 
 
-def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    raw = exc.errors()
+    if any(err.get("type") == "json_invalid" for err in raw):
+        return problem(
+            400, ProblemCode.MALFORMED_JSON, "Bad Request", "the request body is not valid JSON"
+        )
+    if any(tuple(err.get("loc", ())) == ("body",) for err in raw):
+        unsupported = _not_json(request.headers.get("content-type"))
+        if unsupported is not None:
+            return problem(
+                415, ProblemCode.UNSUPPORTED_MEDIA_TYPE, "Unsupported Media Type", unsupported
+            )
     errors = [
         {
-            "field": ".".join(str(part) for part in err.get("loc", ()) if part != "body"),
-            "message": err.get("msg", ""),
-            "type": err.get("type", ""),
+            "field": field_name(err.get("loc", ())),
+            "message": plain_message(err),
+            "type": err["type"],
         }
-        for err in exc.errors()
+        for err in raw
     ]
-    if any(err["type"] == "json_invalid" for err in errors):
-        return problem(400, "MALFORMED_JSON", "Bad Request", "the request body is not valid JSON")
+    named = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:_DETAIL_ERRORS])
+    more = len(errors) - _DETAIL_ERRORS
+    detail = named + (f"; and {more} more (see errors)" if more > 0 else "")
     return problem(
-        422, "VALIDATION_ERROR", "Unprocessable Content", "the request is not valid", errors=errors
+        422, ProblemCode.VALIDATION_ERROR, "Unprocessable Content", detail, errors=errors
     )
+
+
+def _not_json(content_type: str | None) -> str | None:
+    """Why a body with this Content-Type is refused (None if it is JSON: then the body itself
+    was wrong)."""
+    if content_type is None:
+        return "the body needs `Content-Type: application/json`, and the request has none"
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    if message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    ):
+        return None
+    return f"the body must be JSON (`Content-Type: application/json`), not {content_type[:80]!r}"
+
+
+def field_name(loc: Sequence[Any]) -> str:
+    """`modelSettings.stop.1` for a pydantic location; `body` for the body as a whole."""
+    parts = loc[1:] if loc and loc[0] in ("body", "query", "header", "path") else loc
+    name = ".".join(str(part) for part in parts if not _is_validator_tag(part))
+    return name or (str(loc[0]) if loc else "")
+
+
+def _is_validator_tag(part: Any) -> bool:
+    # pydantic adds the union member it tried (`function-after[...]`, `constrained-str`, `str`);
+    # no field name has brackets or dashes.
+    return isinstance(part, str) and (
+        "[" in part or "-" in part or part in ("str", "int", "bool", "float", "none")
+    )
+
+
+def plain_message(err: Mapping[str, Any]) -> str:
+    """The rule a value broke, in plain words (pydantic's own messages are for developers)."""
+    ctx = err.get("ctx") or {}
+    kind = err.get("type", "")
+    if kind == "too_short" and isinstance(err.get("input"), str):
+        kind = "string_too_short"  # min_length on a validated string is reported as a list's
+    elif kind == "too_long" and isinstance(err.get("input"), str):
+        kind = "string_too_long"
+    template = _PLAIN.get(kind)
+    if template is not None:
+        try:
+            return template.format(**ctx)
+        except (KeyError, IndexError):
+            pass
+    message = str(err.get("msg", "is not valid"))
+    return message.removeprefix("Value error, ")
+
+
+_PLAIN = {
+    "missing": "is required",
+    "extra_forbidden": "is not a field this request takes",
+    "string_too_short": "must be at least {min_length} character(s) long",
+    "string_too_long": "must be at most {max_length} characters long",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} items",
+    "string_pattern_mismatch": "must match the pattern {pattern}",
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "literal_error": "must be one of {expected}",
+    "enum": "must be one of {expected}",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "dict_type": "must be a JSON object",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "list_type": "must be a list",
+    "finite_number": "must be a finite number",
+}
 
 
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 405:
         exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(request)}
-    code = _HTTP_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
+    code = _HTTP_CODES.get(exc.status_code, ProblemCode.HTTP_ERROR)
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 400 and detail == _FASTAPI_BODY_ERROR:
         # FastAPI's answer to a body json.loads cannot read (bad UTF-8, too deep, huge numbers).
-        code, detail = "MALFORMED_JSON", "the request body is not valid JSON"
+        code, detail = ProblemCode.MALFORMED_JSON, "the request body is not valid JSON"
     try:
         title = _HTTP_TITLES.get(exc.status_code) or HTTPStatus(exc.status_code).phrase
     except ValueError:
@@ -108,7 +202,7 @@ def _unavailable(_: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", type(exc).__name__)
     return problem(
         503,
-        "DATABASE_UNAVAILABLE",
+        ProblemCode.DATABASE_UNAVAILABLE,
         "Service Unavailable",
         "the database cannot be reached right now; retry shortly",
         {"Retry-After": "1"},
@@ -117,7 +211,9 @@ def _unavailable(_: Request, exc: Exception) -> JSONResponse:
 
 def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
-    return problem(500, "INTERNAL_ERROR", "Internal Server Error", "an unexpected error occurred")
+    return problem(
+        500, ProblemCode.INTERNAL_ERROR, "Internal Server Error", "an unexpected error occurred"
+    )
 
 
 def install(app: FastAPI) -> None:

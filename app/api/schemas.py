@@ -6,7 +6,7 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from app.domain import (
     MAX_INSTRUCTIONS_CHARS,
@@ -21,6 +21,22 @@ from app.domain import (
     MODEL_NAME_PATTERN,
     Status,
 )
+from app.errors import ProblemCode
+
+
+def component(name: str) -> dict[str, str]:
+    """A reference to a schema of the OpenAPI document's components."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+# Strings on the wire, typed in the document (the server writes them as strings already).
+Uuid = Annotated[str, WithJsonSchema({"type": "string", "format": "uuid"})]
+DateTime = Annotated[
+    str, WithJsonSchema({"type": "string", "format": "date-time", "description": "RFC 3339, UTC"})
+]
+EventId = Annotated[
+    str, WithJsonSchema({"type": "string", "pattern": "^[0-9]+$", "description": "A decimal id."})
+]
 
 
 def _storable(value: Any) -> Any:
@@ -124,7 +140,10 @@ class CreateSession(Request):
     model: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN, max_length=220)
     script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
     tools: list[ToolName] | None = Field(default=None, max_length=MAX_TOOLS)
-    metadata: JsonObject | None = None
+    metadata: JsonObject | None = Field(
+        default=None,
+        description=f"Yours to keep with the session: at most {MAX_METADATA_BYTES} bytes.",
+    )
     instructions: Text | None = Field(
         default=None,
         min_length=1,
@@ -161,7 +180,7 @@ class Approve(Request):
 
 
 class ApprovalAccepted(BaseModel):
-    id: str
+    id: Uuid
     toolCallId: str
     approved: bool
     seq: int
@@ -187,14 +206,47 @@ class ToolList(BaseModel):
     tools: list[ToolInfo]
 
 
+class FieldError(BaseModel):
+    field: str = Field(description="The field at fault: `title`, `modelSettings.stop.1`, `body`.")
+    message: str = Field(description="The rule it broke, in plain words.")
+    type: str = Field(description="The kind of error, stable: `missing`, `string_too_long`, ...")
+
+
+class Problem(BaseModel):
+    """An error (RFC 9457 problem+json). Switch on `code`; more fields may come with some codes
+    (`sessionStatus` with SESSION_ALREADY_TERMINAL, `limit` with TOO_MANY_STREAMS)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(default="about:blank")
+    title: str
+    status: int
+    code: ProblemCode
+    detail: str = Field(description="What is wrong and what to do, for people.")
+    errors: list[FieldError] | None = Field(
+        default=None, description="With VALIDATION_ERROR: every field at fault."
+    )
+
+
+class SessionError(BaseModel):
+    """Why a session failed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str = Field(
+        description="MODEL_UNAVAILABLE, MODEL_BAD_REQUEST, MAX_ATTEMPTS_EXCEEDED, ..."
+    )
+    message: str
+
+
 class Lease(BaseModel):
     workerId: str
     pid: int | None
-    expiresAt: str | None
+    expiresAt: DateTime | None
 
 
 class Session(BaseModel):
-    id: str
+    id: Uuid
     ownerId: str
     title: str
     status: Status
@@ -202,12 +254,15 @@ class Session(BaseModel):
     model: str
     prompt: str
     activeStage: str | None
-    error: dict[str, Any] | None
+    error: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema({"anyOf": [component("SessionError"), {"type": "null"}]}),
+    ]
     cancelRequested: bool
     lease: Lease | None
     lastSeq: int
-    createdAt: str
-    updatedAt: str
+    createdAt: DateTime
+    updatedAt: DateTime
     metadata: dict[str, Any]
     instructions: str | None
     modelSettings: dict[str, Any]
@@ -222,7 +277,7 @@ class SessionList(BaseModel):
 
 
 class CancelAccepted(BaseModel):
-    id: str
+    id: Uuid
     cancelRequested: Literal[True]
     status: Status
 
@@ -234,24 +289,14 @@ class MessageOut(BaseModel):
 
 
 class MessageAccepted(BaseModel):
-    id: str
+    id: Uuid
     message: MessageOut
 
 
-class EventEnvelope(BaseModel):
-    id: str
-    type: str
-    sessionId: str
-    ownerId: str
-    ts: str
-    phase: Literal["backlog", "live"]
-    seq: int
-    attempt: int
-    data: dict[str, Any]
-
-
 class Transcript(BaseModel):
-    events: list[EventEnvelope]
+    events: list[Annotated[dict[str, Any], WithJsonSchema(component("SessionEvent"))]] = Field(
+        description="In the session stream's envelope, with `phase: backlog`."
+    )
     lastSeq: int
     nextAfter: int | None = Field(
         description="Pass as `after` for the next page; null when this page reaches `lastSeq`."

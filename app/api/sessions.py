@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from app.api import schemas
 from app.api.deps import DatabaseDep, Owner, ServicesDep
-from app.api.problems import PROBLEM_JSON
+from app.api.openapi import problems
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     TERMINAL,
@@ -32,15 +32,18 @@ from app.streams.frames import session_envelope
 
 router = APIRouter(prefix="/api/agent", tags=["sessions"])
 
-_PROBLEM = {"content": {PROBLEM_JSON: {}}, "description": "problem+json"}
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: _PROBLEM,
-    404: _PROBLEM,
-    422: _PROBLEM,
-    503: _PROBLEM,
-}
-# Operations that take a JSON body: MALFORMED_JSON (400), PAYLOAD_TOO_LARGE (413).
-_BODY_ERRORS: dict[int | str, dict[str, Any]] = {**_ERRORS, 400: _PROBLEM, 413: _PROBLEM}
+# Every operation: no or a bad key (401), local mode's refusals (403), the database (503).
+ANY_ERRORS = (401, 403, 503)
+# A session's operations: 404 for an id that names none of the caller's sessions.
+SESSION_ERRORS = (*ANY_ERRORS, 404)
+# With a JSON body: MALFORMED_JSON (400), PAYLOAD_TOO_LARGE (413), UNSUPPORTED_MEDIA_TYPE (415),
+# VALIDATION_ERROR (422).
+BODY_ERRORS = (400, 413, 415, 422)
+
+
+SessionId = Annotated[
+    str, Path(description="The session's id.", json_schema_extra={"format": "uuid"})
+]
 
 
 def parse_session_id(raw: str) -> UUID:
@@ -72,8 +75,7 @@ def _decode_page_token(token: str) -> session_store.PageKey:
     response_model=schemas.Session,
     responses={
         200: {"model": schemas.Session, "description": "Idempotent replay"},
-        409: _PROBLEM,
-        **_BODY_ERRORS,
+        **problems(*ANY_ERRORS, *BODY_ERRORS, 409),
     },
 )
 async def create_session(
@@ -118,7 +120,7 @@ async def create_session(
     "",
     operation_id="listSessions",
     response_model=schemas.SessionList,
-    responses={**_ERRORS, 400: _PROBLEM},  # INVALID_PAGE_TOKEN
+    responses=problems(*ANY_ERRORS, 400, 422),  # INVALID_PAGE_TOKEN, a bad limit
 )
 async def list_sessions(
     owner: Owner,
@@ -142,9 +144,12 @@ async def list_sessions(
 
 
 @router.get(
-    "/{session_id}", operation_id="getSession", response_model=schemas.Session, responses=_ERRORS
+    "/{session_id}",
+    operation_id="getSession",
+    response_model=schemas.Session,
+    responses=problems(*SESSION_ERRORS),
 )
-async def get_session(session_id: str, owner: Owner, db: DatabaseDep) -> dict[str, Any]:
+async def get_session(session_id: SessionId, owner: Owner, db: DatabaseDep) -> dict[str, Any]:
     async with db.connection() as conn:
         row = await session_store.get_session(conn, owner, parse_session_id(session_id))
     return session_view(row)
@@ -154,10 +159,10 @@ async def get_session(session_id: str, owner: Owner, db: DatabaseDep) -> dict[st
     "/{session_id}",
     operation_id="renameSession",
     response_model=schemas.Session,
-    responses=_BODY_ERRORS,
+    responses=problems(*SESSION_ERRORS, *BODY_ERRORS),
 )
 async def rename_session(
-    session_id: str, body: schemas.RenameSession, owner: Owner, db: DatabaseDep
+    session_id: SessionId, body: schemas.RenameSession, owner: Owner, db: DatabaseDep
 ) -> dict[str, Any]:
     async with db.transaction() as conn:
         row = await session_store.rename(conn, owner, parse_session_id(session_id), body.title)
@@ -168,9 +173,9 @@ async def rename_session(
     "/{session_id}",
     operation_id="deleteSession",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses=_ERRORS,
+    responses=problems(*SESSION_ERRORS),
 )
-async def delete_session(session_id: str, owner: Owner, services: ServicesDep) -> Response:
+async def delete_session(session_id: SessionId, owner: Owner, services: ServicesDep) -> Response:
     """Cancels first: a running session's holder is asked to stop, and the delete waits for
     it to settle (FERRYMAN_CANCEL_WAIT_SECONDS at most), so its last events (`session_end`,
     `session_status` cancelled) come before `session_deleted`, never after."""
@@ -193,12 +198,11 @@ async def delete_session(session_id: str, owner: Owner, services: ServicesDep) -
     response_model=schemas.CancelAccepted,
     responses={
         200: {"model": schemas.Session, "description": "With wait=true: the terminal session"},
-        409: _PROBLEM,
-        **_ERRORS,
+        **problems(*SESSION_ERRORS, 409, 422),
     },
 )
 async def cancel_session(
-    session_id: str,
+    session_id: SessionId,
     owner: Owner,
     services: ServicesDep,
     wait: Annotated[
@@ -240,10 +244,10 @@ async def _wait_terminal(
     operation_id="postMessage",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=schemas.MessageAccepted,
-    responses=_BODY_ERRORS,
+    responses=problems(*SESSION_ERRORS, *BODY_ERRORS),
 )
 async def post_message(
-    session_id: str, body: schemas.PostMessage, owner: Owner, db: DatabaseDep
+    session_id: SessionId, body: schemas.PostMessage, owner: Owner, db: DatabaseDep
 ) -> dict[str, Any]:
     sid = parse_session_id(session_id)
     async with db.transaction() as conn:
@@ -259,10 +263,10 @@ async def post_message(
     operation_id="decideToolApproval",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=schemas.ApprovalAccepted,
-    responses={409: _PROBLEM, **_BODY_ERRORS},
+    responses=problems(*SESSION_ERRORS, *BODY_ERRORS, 409),
 )
 async def decide_tool_approval(
-    session_id: str,
+    session_id: SessionId,
     tool_call_id: Annotated[str, Path(min_length=1, max_length=256)],
     body: schemas.Approve,
     owner: Owner,
@@ -289,10 +293,10 @@ async def decide_tool_approval(
     "/{session_id}/transcript",
     operation_id="getTranscript",
     response_model=schemas.Transcript,
-    responses=_ERRORS,
+    responses=problems(*SESSION_ERRORS, 422),
 )
 async def get_transcript(
-    session_id: str,
+    session_id: SessionId,
     owner: Owner,
     services: ServicesDep,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,

@@ -11,7 +11,8 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamOwner
-from app.api.sessions import _ERRORS, _PROBLEM, parse_session_id
+from app.api.openapi import problems
+from app.api.sessions import ANY_ERRORS, SessionId, parse_session_id
 from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
@@ -22,23 +23,22 @@ from app.streams.sse import StreamOptions, event_stream, resync_stream
 
 router = APIRouter(prefix="/api/agent", tags=["streams"])
 
+# 400: a bad cursor; 429: the owner's stream slots are all taken. (The frames: app.api.openapi.)
 _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        "description": "Server-Sent Events; each `data:` is one JSON envelope.",
-    },
-    **_ERRORS,
-    400: _PROBLEM,  # a bad cursor
-    429: _PROBLEM,  # the owner's stream slots are all taken
+    200: {"description": "Server-Sent Events; each `data:` is one JSON value."},
+    **problems(*ANY_ERRORS, 400, 429),
 }
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-LastEventIdHeader = Annotated[
-    str | None, Header(alias="Last-Event-ID", description="Resume after this event id.")
-]
+# Documented once, as the query parameter: generated clients get one `last_event_id`.
+LastEventIdHeader = Annotated[str | None, Header(alias="Last-Event-ID", include_in_schema=False)]
 LastEventIdQuery = Annotated[
     str | None,
-    Query(alias="lastEventId", description="Resume after this id (the header wins)."),
+    Query(
+        alias="lastEventId",
+        description="Resume after this event id. The `Last-Event-ID` header, which EventSource "
+        "sends on every reconnect, does the same and wins.",
+    ),
 ]
 
 
@@ -155,10 +155,10 @@ async def stream_owner_events(
     "/{session_id}/events",
     operation_id="streamSessionEvents",
     response_class=StreamingResponse,
-    responses=_SSE_RESPONSE,
+    responses={**_SSE_RESPONSE, **problems(404, 422)},
 )
 async def stream_session_events(
-    session_id: str,
+    session_id: SessionId,
     owner: StreamOwner,
     services: ServicesDep,
     last_event_id: LastEventIdHeader = None,

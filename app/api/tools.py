@@ -8,13 +8,19 @@ from fastapi import APIRouter
 
 from app.api import schemas
 from app.api.deps import Owner, ServicesDep
-from app.api.sessions import _ERRORS
+from app.api.openapi import problems
+from app.api.sessions import ANY_ERRORS
 from app.store import tools as tool_store
 
 router = APIRouter(prefix="/api", tags=["tools"])
 
 
-@router.get("/tools", operation_id="listTools", response_model=schemas.ToolList, responses=_ERRORS)
+@router.get(
+    "/tools",
+    operation_id="listTools",
+    response_model=schemas.ToolList,
+    responses=problems(*ANY_ERRORS),
+)
 async def list_tools(_: Owner, services: ServicesDep) -> dict[str, Any]:
     """Every tool a session may name in `tools` and `approvalRequired`: built-ins, plug-ins and
     MCP servers' tools, as the workers offer them (the catalog the last worker to start

@@ -24,9 +24,18 @@ def parse_cursor(raw: str | None) -> int | None:
     text = raw.strip()
     if not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) > MAX_CURSOR:
         raise InvalidCursor(
-            f"lastEventId must be a non-negative integer below 2^63, got {raw[:40]!r}"
+            f"lastEventId must be a non-negative integer below 2^63, got {_as_sent(raw)[:40]!r}"
         )
     return int(text)
+
+
+def _as_sent(raw: str) -> str:
+    """A header's text as the client wrote it: HTTP servers decode header bytes as Latin-1, so
+    UTF-8 text arrives garbled ('１' as 'ï¼\x91'). Query values are decoded right already."""
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return raw
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,268 @@
+"""The streams' frames as schemas, for the OpenAPI document only: SDK authors type what they parse
+from them. The server never validates its events against these (they are written by the store
+and the runtime, and sent as stored); tests check that what it sends fits them.
+
+A session stream's `data:` is a `SessionEvent`, a `MessageDelta`, `CaughtUp` or
+`ResyncRequired`; an owner stream's an `OwnerEvent`, `CaughtUp` or `ResyncRequired`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Union, cast
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+
+from app.api.schemas import DateTime, EventId, Session, SessionError, Uuid
+from app.domain import OwnerEventType, SessionEventType, Status
+
+
+class Data(BaseModel):
+    # Newer servers may add fields: clients must ignore what they do not know.
+    model_config = ConfigDict(extra="allow")
+
+
+# --- what each event's `data` holds ------------------------------------------------------------
+
+
+class SessionCreatedData(Data):
+    session: Session
+
+
+class SessionStatusData(Data):
+    status: Status
+    attempt: int
+    error: SessionError | None = Field(default=None, description="When `failed`.")
+
+
+class SessionTitleData(Data):
+    title: str
+
+
+class SessionActiveStageData(Data):
+    stage: str | None = Field(description='`"model"`, `"tool:<name>"`, or null when idle.')
+
+
+class SessionCancelRequestedData(Data):
+    requestedAt: DateTime
+
+
+class SessionResumedData(Data):
+    workerId: str
+    pid: int
+    attempt: int
+    reason: Literal["crash", "shutdown", "follow_up"]
+    transcriptMessages: int
+    repairedToolCalls: list[str] = Field(
+        description="The tool calls left without a result, now answered as interrupted."
+    )
+
+
+class SessionDeletedData(Data):
+    pass
+
+
+class UserMessageData(Data):
+    text: str
+    delivery: Literal["steer", "queued"]
+
+
+class SessionStartData(Data):
+    workerId: str
+    pid: int
+    attempt: int
+
+
+class ToolCallData(Data):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    invalidArguments: str | None = Field(
+        default=None, description="Arguments the model sent that are not a JSON object, as sent."
+    )
+
+
+class UsageData(Data):
+    inputTokens: int
+    outputTokens: int
+    cachedTokens: int
+
+
+class AssistantMessageData(Data):
+    text: str
+    toolCalls: list[ToolCallData]
+    stopReason: Literal["stop", "tool_use", "length", "error", "aborted"]
+    usage: UsageData | None = None
+
+
+class ToolCallStartData(Data):
+    toolCallId: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolResultData(Data):
+    toolCallId: str
+    name: str
+    isError: bool
+    content: str
+    interrupted: bool | None = Field(default=None, description="A worker died during the call.")
+    timedOut: bool | None = None
+    denied: bool | None = Field(default=None, description="A person denied the call.")
+
+
+class UserQuestionData(Data):
+    question: str
+    options: list[str] | None = None
+
+
+class ModelRetryData(Data):
+    attempt: int
+    delayMs: int
+    reason: str = Field(description="The fault: rate_limited, server_error, truncated, ...")
+    message: str
+
+
+class ToolApprovalRequestedData(Data):
+    toolCallId: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolApprovalDecidedData(Data):
+    toolCallId: str
+    approved: bool
+    reason: str | None = None
+
+
+class SessionInterruptedData(Data):
+    reason: str = Field(description='`"shutdown"`: the worker handed the session over.')
+
+
+class SessionEndData(Data):
+    status: Status
+    error: SessionError | None = None
+    note: str | None = None
+
+
+class MessageDeltaData(Data):
+    text: str
+
+
+# --- envelopes ---------------------------------------------------------------------------------
+
+
+class EventPhase(StrEnum):
+    """`backlog`: sent from the log on (re)connect; `live`: as it happened."""
+
+    BACKLOG = "backlog"
+    LIVE = "live"
+
+
+class Envelope(BaseModel):
+    sessionId: Uuid
+    ownerId: str
+    ts: DateTime
+    phase: EventPhase
+
+
+class DurableEnvelope(Envelope):
+    id: EventId = Field(description="The event's id, also its SSE `id:`.")
+
+
+class SessionEnvelope(DurableEnvelope):
+    seq: int = Field(description="The session's event number: 1, 2, 3, ... with no gap.")
+    attempt: int
+
+
+def _event(name: str, base: type[BaseModel], type_: str, data: type[Data]) -> type[BaseModel]:
+    literal = cast(Any, Literal)[type_]
+    return create_model(name, __base__=base, type=(literal, ...), data=(data, ...))
+
+
+_OWNER_DATA: dict[OwnerEventType, type[Data]] = {
+    OwnerEventType.SESSION_CREATED: SessionCreatedData,
+    OwnerEventType.SESSION_STATUS: SessionStatusData,
+    OwnerEventType.SESSION_TITLE: SessionTitleData,
+    OwnerEventType.SESSION_ACTIVE_STAGE: SessionActiveStageData,
+    OwnerEventType.SESSION_CANCEL_REQUESTED: SessionCancelRequestedData,
+    OwnerEventType.SESSION_RESUMED: SessionResumedData,
+    OwnerEventType.SESSION_DELETED: SessionDeletedData,
+}
+_SESSION_DATA: dict[SessionEventType, type[Data]] = {
+    SessionEventType.USER_MESSAGE: UserMessageData,
+    SessionEventType.SESSION_START: SessionStartData,
+    SessionEventType.SESSION_RESUMED: SessionResumedData,
+    SessionEventType.ASSISTANT_MESSAGE: AssistantMessageData,
+    SessionEventType.TOOL_CALL_START: ToolCallStartData,
+    SessionEventType.TOOL_RESULT: ToolResultData,
+    SessionEventType.USER_QUESTION: UserQuestionData,
+    SessionEventType.MODEL_RETRY: ModelRetryData,
+    SessionEventType.TOOL_APPROVAL_REQUESTED: ToolApprovalRequestedData,
+    SessionEventType.TOOL_APPROVAL_DECIDED: ToolApprovalDecidedData,
+    SessionEventType.SESSION_INTERRUPTED: SessionInterruptedData,
+    SessionEventType.SESSION_END: SessionEndData,
+}
+
+
+def _pascal(type_: str) -> str:
+    return "".join(word.capitalize() for word in type_.split("_"))
+
+
+# Owner events are named `Owner...Event` where a session event has the same type.
+_OWNER_EVENTS = [
+    _event(f"Owner{_pascal(t)}Event", DurableEnvelope, t, data) for t, data in _OWNER_DATA.items()
+]
+_SESSION_EVENTS = [
+    _event(f"{_pascal(t)}Event", SessionEnvelope, t, data) for t, data in _SESSION_DATA.items()
+]
+
+
+class MessageDelta(Envelope):
+    """Ephemeral: streamed text of the turn in progress; no `id:`, never in the transcript."""
+
+    type: Literal["message_delta"]
+    data: MessageDeltaData
+
+
+class CaughtUp(BaseModel):
+    """Control frame (no `id:`): the backlog is sent; live events follow."""
+
+    replayed: int
+    fromEventId: EventId
+    cursor: EventId
+
+
+class ResyncRequired(BaseModel):
+    """Control frame (no `id:`): the cursor cannot be resumed; take a fresh list snapshot and
+    stream from its `cursor`."""
+
+    reason: Literal["cursor_ahead", "too_far_behind", "expired"]
+    fromEventId: EventId
+    currentEventId: EventId
+
+
+def _union(members: list[type[BaseModel]]) -> TypeAdapter[Any]:
+    union = cast(Any, Union)[tuple(members)]
+    return TypeAdapter(cast(Any, Annotated)[union, Field(discriminator="type")])
+
+
+def stream_components(ref_template: str) -> dict[str, dict[str, Any]]:
+    """The schemas of both streams' frames, by name: `SessionEvent` and `OwnerEvent` (unions on
+    `type`), each event and its data, `MessageDelta`, `CaughtUp` and `ResyncRequired`."""
+    adapters: list[tuple[str, TypeAdapter[Any]]] = [
+        ("SessionEvent", _union(_SESSION_EVENTS)),
+        ("OwnerEvent", _union(_OWNER_EVENTS)),
+        *(
+            (model.__name__, TypeAdapter(model))
+            for model in (MessageDelta, CaughtUp, ResyncRequired)
+        ),
+    ]
+    keyed, definitions = TypeAdapter.json_schemas(
+        [(name, "serialization", adapter) for name, adapter in adapters],
+        ref_template=ref_template,
+    )
+    schemas: dict[str, dict[str, Any]] = dict(definitions.get("$defs", {}))
+    for (name, _), schema in keyed.items():
+        schemas.setdefault(name, schema)
+    return schemas

@@ -31,7 +31,8 @@ def parse_cursor(raw: str | None) -> int | None:
 
 def _as_sent(raw: str) -> str:
     """A header's text as the client wrote it: HTTP servers decode header bytes as Latin-1, so
-    UTF-8 text arrives garbled ('１' as 'ï¼\x91'). Query values are decoded right already."""
+    UTF-8 text arrives garbled (a full-width digit as three Latin-1 characters). Query values
+    are decoded right already."""
     try:
         return raw.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):

@@ -1,67 +1,237 @@
-"""An async client for the Ferryman API whose streams survive disconnects: each reconnect
-resumes from the last durable event id, so the caller sees every event exactly once."""
+"""`Ferryman` (sync) and `AsyncFerryman` (async): the same methods over httpx.Client and
+httpx.AsyncClient. Requests and parsers come from `_core`, so each class only moves bytes.
+
+Streams survive disconnects: each reconnect resumes from the last durable event id
+(`Last-Event-ID`), after a jittered backoff, so the caller sees every event once."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any, TypeVar
 
 import httpx
-from httpx_sse import aconnect_sse
+from httpx_sse import aconnect_sse, connect_sse
+
+from app.client import _core
+from app.client._core import (
+    MAX_LIST_LIMIT,
+    MAX_TRANSCRIPT_LIMIT,
+    STREAM_ERRORS,
+    Call,
+    ClientBase,
+    Settings,
+    Stream,
+)
+from app.client.errors import connection_error
+from app.client.models import (
+    ApprovalAccepted,
+    CancelAccepted,
+    Event,
+    MessageAccepted,
+    Session,
+    SessionPage,
+    StreamEvent,
+    ToolInfo,
+    Transcript,
+)
+
+T = TypeVar("T")
 
 
-class ApiError(Exception):
-    """A problem+json answer: `status`, `code` and the whole `problem`."""
+class Ferryman(ClientBase):
+    """The Ferryman API, synchronously.
 
-    def __init__(self, status: int, problem: dict[str, Any]) -> None:
-        super().__init__(f"{status} {problem.get('code')}: {problem.get('detail')}")
-        self.status = status
-        self.code = str(problem.get("code", ""))
-        self.problem = problem
+    `base_url` defaults to $FERRYMAN_URL, else http://127.0.0.1:8000; `api_key` to
+    $FERRYMAN_API_KEY (none: no Authorization header, as local mode wants)."""
 
-
-def _api_error(response: httpx.Response) -> ApiError:
-    """The error for a 4xx/5xx answer, whose body is problem+json (or, from a proxy, not)."""
-    try:
-        problem = response.json()
-    except ValueError:
-        problem = {"detail": response.text}
-    return ApiError(response.status_code, problem)
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """One frame of a stream: durable events have an `id`; control and ephemeral ones do not."""
-
-    type: str
-    id: str | None
-    envelope: dict[str, Any]
-
-    @property
-    def data(self) -> dict[str, Any]:
-        data: dict[str, Any] = self.envelope.get("data", self.envelope)
-        return data
-
-
-class FerrymanClient:
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         api_key: str | None = None,
         timeout: float = 30.0,
         reconnect_delay: float = 0.5,
         max_reconnect_delay: float = 10.0,
+        stream_idle_timeout: float | None = 60.0,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
-        self.reconnect_delay = reconnect_delay
-        self.max_reconnect_delay = max_reconnect_delay
+        self.settings = Settings.resolve(
+            base_url, api_key, timeout, reconnect_delay, max_reconnect_delay, stream_idle_timeout
+        )
+        self._http = httpx.Client(**self.settings.http_options())
 
-    async def __aenter__(self) -> FerrymanClient:
+    def __enter__(self) -> Ferryman:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, call: Call[T]) -> T:
+        try:
+            response = self._http.request(call.method, call.path, **call.request_options())
+        except httpx.TransportError as exc:
+            raise connection_error(self.base_url, exc) from exc
+        return call.result(response)
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        prompt: str,
+        *,
+        title: str | None = None,
+        model: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        script: list[dict[str, Any]] | None = None,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """Create a queued session. `model_settings` and `script` are sent as they are (wire
+        names: `maxTokens`, `toolCalls`, ...). The same `idempotency_key` and body give back the
+        same session."""
+        return self._call(
+            _core.create_session(
+                prompt,
+                title=title,
+                model=model,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                script=script,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    def list_sessions(
+        self,
+        *,
+        status: list[str] | str | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> SessionPage:
+        """One page, newest first; its `cursor` is where to start `owner_events`."""
+        return self._call(_core.list_sessions(status, limit, page_token))
+
+    def iter_sessions(self, *, status: list[str] | str | None = None) -> Iterator[Session]:
+        """Every session (of these statuses), newest first, page after page."""
+        token: str | None = None
+        while True:
+            page = self.list_sessions(status=status, limit=MAX_LIST_LIMIT, page_token=token)
+            yield from page.sessions
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
+
+    def get_session(self, session_id: str) -> Session:
+        return self._call(_core.get_session(session_id))
+
+    def rename_session(self, session_id: str, title: str) -> Session:
+        return self._call(_core.rename_session(session_id, title))
+
+    def delete_session(self, session_id: str) -> None:
+        """Soft delete (cancels it first if it is not terminal)."""
+        self._call(_core.delete_session(session_id))
+
+    def cancel_session(self, session_id: str, *, wait: bool = False) -> Session | CancelAccepted:
+        """Request cancellation. With `wait`, the server holds the answer until the session is
+        terminal (at most 30 s) and answers the Session; otherwise `CancelAccepted`."""
+        return self._call(_core.cancel_session(session_id, wait))
+
+    def send_message(self, session_id: str, text: str) -> MessageAccepted:
+        """A follow-up: steers a running session, re-queues a waiting or terminal one."""
+        return self._call(_core.send_message(session_id, text))
+
+    def decide_tool_call(
+        self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
+    ) -> ApprovalAccepted:
+        """Approve or deny a tool call that waits for approval (`tool_approval_requested`)."""
+        return self._call(_core.decide_tool_call(session_id, tool_call_id, approved, reason))
+
+    def list_tools(self) -> list[ToolInfo]:
+        return self._call(_core.list_tools())
+
+    def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> Transcript:
+        """The session's events after seq `after`, one page."""
+        return self._call(_core.transcript(session_id, after, limit))
+
+    def iter_transcript(self, session_id: str, *, after: int = 0) -> Iterator[Event]:
+        """Every event after seq `after` that exists now, page after page."""
+        while True:
+            page = self.transcript(session_id, after=after, limit=MAX_TRANSCRIPT_LIMIT)
+            yield from page.events
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    # --- streams -----------------------------------------------------------------------------
+
+    def session_events(
+        self, session_id: str, *, after: int | None = None, follow: bool = True
+    ) -> Iterator[StreamEvent]:
+        """The session's log after seq `after` (None: from seq 1), then live. Ends when a
+        `follow=False` stream has caught up, when the session is deleted, or after a
+        `resync_required` (the cursor is ahead of the log)."""
+        return self._events(self._session_stream(session_id, after, follow))
+
+    def owner_events(self, *, cursor: str | None = None) -> Iterator[StreamEvent]:
+        """The owner's lifecycle feed after `cursor` (a list's `cursor`; None: live from now),
+        forever. On `resync_required` it yields that event, then goes on from a fresh list
+        snapshot's cursor: the caller should reload its own state then."""
+        return self._events(self._owner_stream(cursor))
+
+    def _events(self, stream: Stream) -> Iterator[StreamEvent]:
+        while True:
+            try:
+                if stream.needs_snapshot:
+                    stream.snapshot(self.list_sessions(limit=1).cursor)
+                with connect_sse(self._http, "GET", stream.path, **stream.request_options()) as sse:
+                    if sse.response.status_code >= 400:
+                        sse.response.read()
+                    stream.opened(sse.response)
+                    for frame in sse.iter_sse():
+                        event = stream.receive(frame)
+                        if event is not None:
+                            yield event
+                        if stream.interrupted:
+                            break
+                stream.closed()
+            except STREAM_ERRORS as error:
+                stream.failed(error)
+            if stream.ended:
+                return
+            time.sleep(stream.delay())
+
+
+class AsyncFerryman(ClientBase):
+    """The Ferryman API, with asyncio: the methods of `Ferryman`, awaitable, and async
+    iterators for the iterators."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        reconnect_delay: float = 0.5,
+        max_reconnect_delay: float = 10.0,
+        stream_idle_timeout: float | None = 60.0,
+    ) -> None:
+        self.settings = Settings.resolve(
+            base_url, api_key, timeout, reconnect_delay, max_reconnect_delay, stream_idle_timeout
+        )
+        self._http = httpx.AsyncClient(**self.settings.http_options())
+
+    async def __aenter__(self) -> AsyncFerryman:
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -70,141 +240,136 @@ class FerrymanClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = await self._http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            raise _api_error(response)
-        return response.json() if response.content else None
+    async def _call(self, call: Call[T]) -> T:
+        try:
+            response = await self._http.request(call.method, call.path, **call.request_options())
+        except httpx.TransportError as exc:
+            raise connection_error(self.base_url, exc) from exc
+        return call.result(response)
 
     # --- sessions ----------------------------------------------------------------------------
 
     async def create_session(
-        self, prompt: str, *, idempotency_key: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        session: dict[str, Any] = await self._request(
-            "POST", "/api/agent", json={"prompt": prompt, **fields}, headers=headers
+        self,
+        prompt: str,
+        *,
+        title: str | None = None,
+        model: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        script: list[dict[str, Any]] | None = None,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """See `Ferryman.create_session`."""
+        return await self._call(
+            _core.create_session(
+                prompt,
+                title=title,
+                model=model,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                script=script,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
         )
-        return session
 
     async def list_sessions(
-        self, *, status: list[str] | None = None, limit: int = 50, page_token: str | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        if page_token:
-            params["pageToken"] = page_token
-        page: dict[str, Any] = await self._request("GET", "/api/agent", params=params)
-        return page
+        self,
+        *,
+        status: list[str] | str | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> SessionPage:
+        return await self._call(_core.list_sessions(status, limit, page_token))
 
-    async def get_session(self, session_id: str) -> dict[str, Any]:
-        session: dict[str, Any] = await self._request("GET", f"/api/agent/{session_id}")
-        return session
+    async def iter_sessions(
+        self, *, status: list[str] | str | None = None
+    ) -> AsyncIterator[Session]:
+        token: str | None = None
+        while True:
+            page = await self.list_sessions(status=status, limit=MAX_LIST_LIMIT, page_token=token)
+            for session in page.sessions:
+                yield session
+            if page.next_page_token is None:
+                return
+            token = page.next_page_token
 
-    async def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
-        session: dict[str, Any] = await self._request(
-            "PATCH", f"/api/agent/{session_id}", json={"title": title}
-        )
-        return session
+    async def get_session(self, session_id: str) -> Session:
+        return await self._call(_core.get_session(session_id))
+
+    async def rename_session(self, session_id: str, title: str) -> Session:
+        return await self._call(_core.rename_session(session_id, title))
 
     async def delete_session(self, session_id: str) -> None:
-        await self._request("DELETE", f"/api/agent/{session_id}")
+        await self._call(_core.delete_session(session_id))
 
-    async def cancel_session(self, session_id: str, *, wait: bool = False) -> dict[str, Any]:
-        answer: dict[str, Any] = await self._request(
-            "POST", f"/api/agent/{session_id}/cancel", params={"wait": str(wait).lower()}
-        )
-        return answer
+    async def cancel_session(
+        self, session_id: str, *, wait: bool = False
+    ) -> Session | CancelAccepted:
+        return await self._call(_core.cancel_session(session_id, wait))
 
-    async def send_message(self, session_id: str, text: str) -> dict[str, Any]:
-        answer: dict[str, Any] = await self._request(
-            "POST", f"/api/agent/{session_id}/messages", json={"text": text}
-        )
-        return answer
+    async def send_message(self, session_id: str, text: str) -> MessageAccepted:
+        return await self._call(_core.send_message(session_id, text))
 
     async def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
-    ) -> dict[str, Any]:
-        """Approve or deny a tool call that waits for approval (`tool_approval_requested`)."""
-        body: dict[str, Any] = {"approved": approved}
-        if reason is not None:
-            body["reason"] = reason
-        answer: dict[str, Any] = await self._request(
-            "POST", f"/api/agent/{session_id}/tool-calls/{tool_call_id}/approval", json=body
-        )
-        return answer
+    ) -> ApprovalAccepted:
+        return await self._call(_core.decide_tool_call(session_id, tool_call_id, approved, reason))
 
-    async def list_tools(self) -> list[dict[str, Any]]:
-        """Every tool a session may use, with its schema, idempotency and approval policy."""
-        answer: dict[str, Any] = await self._request("GET", "/api/tools")
-        tools: list[dict[str, Any]] = answer["tools"]
-        return tools
+    async def list_tools(self) -> list[ToolInfo]:
+        return await self._call(_core.list_tools())
 
-    async def transcript(
-        self, session_id: str, *, after: int = 0, limit: int = 200
-    ) -> dict[str, Any]:
-        page: dict[str, Any] = await self._request(
-            "GET",
-            f"/api/agent/{session_id}/transcript",
-            params={"after": after, "limit": limit},
-        )
-        return page
+    async def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> Transcript:
+        return await self._call(_core.transcript(session_id, after, limit))
+
+    async def iter_transcript(self, session_id: str, *, after: int = 0) -> AsyncIterator[Event]:
+        while True:
+            page = await self.transcript(session_id, after=after, limit=MAX_TRANSCRIPT_LIMIT)
+            for event in page.events:
+                yield event
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     # --- streams -----------------------------------------------------------------------------
 
-    async def owner_events(self, *, cursor: str | None = None) -> AsyncIterator[StreamEvent]:
-        """The owner feed from `cursor` (a list's `cursor`; None: live from now), forever.
-
-        On `resync_required` it takes a fresh list snapshot and continues from its cursor,
-        yielding the `resync_required` event first so the caller can reload its own state.
-        """
-        while True:
-            async for event in self._stream("/api/agent/owner-events", cursor):
-                if event.id is not None:
-                    cursor = event.id
-                yield event
-            # The stream only ends after `resync_required`: go on from a fresh snapshot.
-            cursor = (await self.list_sessions(limit=1))["cursor"]
-
-    async def session_events(
-        self, session_id: str, *, after: str | None = None
+    def session_events(
+        self, session_id: str, *, after: int | None = None, follow: bool = True
     ) -> AsyncIterator[StreamEvent]:
-        """A session's log from seq 1 (or after `after`), then live, forever."""
-        async for event in self._stream(f"/api/agent/{session_id}/events", after):
-            yield event
+        """See `Ferryman.session_events`."""
+        return self._events(self._session_stream(session_id, after, follow))
 
-    async def _stream(self, path: str, cursor: str | None) -> AsyncIterator[StreamEvent]:
-        """One logical stream over as many connections as it takes; ends on resync."""
-        delay = self.reconnect_delay
+    def owner_events(self, *, cursor: str | None = None) -> AsyncIterator[StreamEvent]:
+        """See `Ferryman.owner_events`."""
+        return self._events(self._owner_stream(cursor))
+
+    async def _events(self, stream: Stream) -> AsyncGenerator[StreamEvent, None]:
         while True:
-            headers = {"Last-Event-ID": cursor} if cursor is not None else {}
             try:
+                if stream.needs_snapshot:
+                    stream.snapshot((await self.list_sessions(limit=1)).cursor)
                 async with aconnect_sse(
-                    self._http, "GET", path, headers=headers, timeout=httpx.Timeout(None)
-                ) as source:
-                    if source.response.status_code >= 400:
-                        await source.response.aread()
-                        raise _api_error(source.response)
-                    delay = self.reconnect_delay
-                    async for sse in source.aiter_sse():
-                        if not sse.data:
-                            continue  # the `retry:` block
-                        envelope = json.loads(sse.data)
-                        # Durable iff the frame has an `id:` naming its own envelope: like
-                        # EventSource, httpx-sse repeats the last id on control frames.
-                        durable = bool(sse.id) and envelope.get("id") == sse.id
-                        event = StreamEvent(sse.event, sse.id if durable else None, envelope)
-                        if event.id is not None:
-                            cursor = event.id
-                        yield event
-                        if event.type == "resync_required":
-                            return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
-                pass
-            except ApiError as error:
-                # 429: the owner's stream slots are taken for now; wait like for a 5xx.
-                if error.status < 500 and error.status != 429:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.max_reconnect_delay)
+                    self._http, "GET", stream.path, **stream.request_options()
+                ) as sse:
+                    if sse.response.status_code >= 400:
+                        await sse.response.aread()
+                    stream.opened(sse.response)
+                    async with contextlib.aclosing(sse.aiter_sse()) as frames:
+                        async for frame in frames:
+                            event = stream.receive(frame)
+                            if event is not None:
+                                yield event
+                            if stream.interrupted:
+                                break
+                stream.closed()
+            except STREAM_ERRORS as error:
+                stream.failed(error)
+            if stream.ended:
+                return
+            await asyncio.sleep(stream.delay())

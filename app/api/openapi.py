@@ -43,6 +43,13 @@ _SECURITY_SCHEMES = {
 _SECURITY: list[dict[str, list[str]]] = [{SECURITY_SCHEME: []}, {}]
 _PUBLIC_PATHS = ("/healthz", "/readyz")
 
+# Free-form objects the server keeps as JSON, named so generators make one type of each.
+_NAMED_FIELDS = {
+    ("Session", "metadata"): component("Metadata"),
+    ("CreateSession", "metadata"): component("Metadata"),
+    ("Session", "modelSettings"): component("ModelSettings"),
+}
+
 _STREAM_FRAMES = {
     "streamSessionEvents": ["SessionEvent", "MessageDelta", "CaughtUp", "ResyncRequired"],
     "streamOwnerEvents": ["OwnerEvent", "CaughtUp", "ResyncRequired"],
@@ -74,6 +81,8 @@ def build(app: FastAPI) -> dict[str, Any]:
         schemas.setdefault(name, schema)
     document["components"]["securitySchemes"] = _SECURITY_SCHEMES
     document["security"] = _SECURITY
+    for (name, field), schema in _NAMED_FIELDS.items():
+        schemas[name]["properties"][field] = schema
     _drop_titles(document["components"])
     for schema in schemas.values():
         if schema.get("additionalProperties") is False:
@@ -86,6 +95,9 @@ def build(app: FastAPI) -> dict[str, Any]:
                 operation["responses"]["422"] = problems(422)[422]
             operation.pop("security", None)
             _drop_titles(operation.get("parameters", []), 3)
+            for parameter in operation.get("parameters", []):
+                if not parameter.get("required"):
+                    _drop_null(parameter["schema"])
             if path in _PUBLIC_PATHS:
                 operation["security"] = []
             frames = _STREAM_FRAMES.get(operation.get("operationId", ""))
@@ -112,15 +124,22 @@ def _optional_not_null(schema: dict[str, Any]) -> None:
     generated clients get `Unset | T`, not `None | T` with a made-up class name for T."""
     required = set(schema.get("required", []))
     for name, field in schema.get("properties", {}).items():
-        branches = field.get("anyOf", [])
-        if name in required or {"type": "null"} not in branches:
-            continue
-        rest = [branch for branch in branches if branch != {"type": "null"}]
-        del field["anyOf"]
-        if len(rest) == 1:
-            field.update(rest[0])
-        else:
-            field["anyOf"] = rest
+        if name not in required:
+            _drop_null(field)
+
+
+def _drop_null(schema: dict[str, Any]) -> None:
+    branches = schema.get("anyOf", [])
+    if {"type": "null"} not in branches:
+        return
+    rest = [branch for branch in branches if branch != {"type": "null"}]
+    del schema["anyOf"]
+    if schema.get("default", ...) is None:
+        del schema["default"]
+    if len(rest) == 1:
+        schema.update(rest[0])
+    else:
+        schema["anyOf"] = rest
 
 
 def _extra_components() -> dict[str, dict[str, Any]]:
@@ -129,7 +148,12 @@ def _extra_components() -> dict[str, dict[str, Any]]:
         [(m.__name__, "serialization", TypeAdapter(m)) for m in (Problem, SessionError)],
         ref_template=REF_TEMPLATE,
     )
-    return {**definitions.get("$defs", {}), **stream_components(REF_TEMPLATE)}
+    metadata = {
+        "type": "object",
+        "additionalProperties": True,
+        "description": "Yours to keep with a session: any JSON object, up to 16 KiB.",
+    }
+    return {**definitions.get("$defs", {}), "Metadata": metadata, **stream_components(REF_TEMPLATE)}
 
 
 def _sse(frames: list[str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from psycopg_pool import PoolTimeout
 
+from app.api import schemas
 from app.api.deps import ServicesDep, resolve_owner
 from app.api.openapi import problems
 from app.api.problems import problem
@@ -31,13 +32,17 @@ _NOT_READY_ERRORS: tuple[type[Exception], ...] = (*_BUSY_ERRORS, *UNAVAILABLE_ER
 POOL_SIZE = Gauge("ferryman_db_pool_connections", "Connections in the pool", ["state"])
 
 
-@router.get("/healthz", operation_id="healthz")
+@router.get("/healthz", operation_id="healthz", response_model=schemas.Health)
 async def healthz() -> dict[str, str]:
     """The process is up (it may still be unable to reach the database)."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", operation_id="readyz", responses=problems(503))
+@router.get(
+    "/readyz",
+    operation_id="readyz",
+    responses={200: {"model": schemas.Readiness}, **problems(503)},
+)
 async def readyz(services: ServicesDep) -> Response:
     """Ready when the database answers, the LISTEN connection is up and migrations are at head."""
     checks: dict[str, Any] = {}
@@ -89,6 +94,10 @@ async def _metrics_access(services: ServicesDep, request: Request) -> None:
     operation_id="metrics",
     response_class=Response,
     dependencies=[Depends(_metrics_access)],
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+        **problems(401),
+    },
 )
 async def metrics(services: ServicesDep) -> Response:
     stats = services.db.stats()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
@@ -120,13 +121,19 @@ class ScriptTurn(Request):
 StopSequence = Annotated[Text, Field(min_length=1, max_length=200)]
 
 
+class ToolChoiceMode(StrEnum):
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"
+
+
 class ModelSettings(Request):
     """Passed to the provider on every turn; unset ones keep the provider's default."""
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     topP: float | None = Field(default=None, gt=0, le=1)
     maxTokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    toolChoice: Literal["auto", "none", "required"] | ToolName | None = Field(
+    toolChoice: ToolChoiceMode | ToolName | None = Field(
         default=None, description='"auto", "none", "required", or the name of a tool to call'
     )
     parallelToolCalls: bool | None = None
@@ -187,6 +194,15 @@ class ApprovalAccepted(BaseModel):
     status: Status
 
 
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"]
+    checks: dict[str, str] = Field(description="database, migrations, listen: each `ok`.")
+
+
 class Usage(BaseModel):
     inputTokens: int
     outputTokens: int
@@ -212,20 +228,30 @@ class FieldError(BaseModel):
     type: str = Field(description="The kind of error, stable: `missing`, `string_too_long`, ...")
 
 
+def _optional_without_null(schema: dict[str, Any]) -> None:
+    """For schemas only documented: a field that may be absent is just not required (no null,
+    no default), so generated clients type it `T | undefined`, not `T | null`."""
+    for field in schema.get("properties", {}).values():
+        field.pop("default", None)
+
+
 class Problem(BaseModel):
-    """An error (RFC 9457 problem+json). Switch on `code`; more fields may come with some codes
-    (`sessionStatus` with SESSION_ALREADY_TERMINAL, `limit` with TOO_MANY_STREAMS)."""
+    """An error (RFC 9457 problem+json). Switch on `code`."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_optional_without_null)
 
-    type: str = Field(default="about:blank")
+    type: str = Field(description='Always "about:blank": `code` says what happened.')
     title: str
     status: int
     code: ProblemCode
     detail: str = Field(description="What is wrong and what to do, for people.")
-    errors: list[FieldError] | None = Field(
-        default=None, description="With VALIDATION_ERROR: every field at fault."
+    errors: list[FieldError] = Field(
+        default_factory=list, description="With VALIDATION_ERROR: every field at fault."
     )
+    sessionStatus: Status = Field(
+        default=Status.SUCCEEDED, description="With SESSION_ALREADY_TERMINAL: the status."
+    )
+    limit: int = Field(default=0, description="With TOO_MANY_STREAMS: the streams allowed.")
 
 
 class SessionError(BaseModel):

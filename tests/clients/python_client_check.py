@@ -32,8 +32,8 @@ from ferryman_client.api.sessions import (
 from ferryman_client.models import (
     CancelAccepted,
     CreateSession,
-    Metadata,
     MessageAccepted,
+    Metadata,
     PostMessage,
     Problem,
     ProblemCode,

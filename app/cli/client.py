@@ -1,0 +1,873 @@
+"""The client commands: run, sessions ..., follow, watch.
+
+They stand on the SDK (app.client) alone, never on the server's modules, so they start fast and
+work against any Ferryman URL: FERRYMAN_URL (default http://127.0.0.1:8000) and
+FERRYMAN_API_KEY, or --url and --api-key. The SDK, rich and asyncio are imported inside the
+commands: `ferryman --help` loads none of them.
+
+A request the API refuses prints `error: <status> <CODE>: <detail>` and exits 1; a server that
+cannot be reached, or bad usage, exits 2; Ctrl-C exits 130 without a traceback. Commands that
+follow a session exit with a code that says how it ended (EXIT_CODES_HELP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from app.cli.common import DEBUG_HINT, debugging, fail, one_line
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from app.client import AsyncFerryman, Ferryman, OwnerSessionClient, Session, StreamEvent
+
+
+# --- exit codes ---------------------------------------------------------------------------------
+
+EXIT_API_ERROR = 1  # the API refused a request
+EXIT_USAGE = 2  # bad usage, or the server cannot be reached
+EXIT_INTERRUPTED = 130  # Ctrl-C
+STATUS_EXIT = {"succeeded": 0, "failed": 3, "cancelled": 4, "waiting": 5}
+EXIT_NOT_FINISHED = 6  # queued or running when the command stopped following
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+EXIT_CODES_HELP = """\b
+Exit status:
+  0    the session succeeded
+  1    the API refused a request (the error line says why)
+  2    bad usage, or the server cannot be reached
+  3    the session failed
+  4    the session was cancelled
+  5    the session is waiting: for a message (`ferryman sessions send`),
+       or for an approval (`ferryman sessions approve`)
+  6    the session is still queued or running (--no-follow)
+  130  interrupted (Ctrl-C)"""
+
+
+def status_exit(status: str) -> int:
+    """The exit code that tells how a session stands: STATUS_EXIT, else EXIT_NOT_FINISHED."""
+    return STATUS_EXIT.get(status, EXIT_NOT_FINISHED)
+
+
+# --- options ------------------------------------------------------------------------------------
+
+Url = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        metavar="URL",
+        envvar="FERRYMAN_URL",
+        show_envvar=True,
+        help="The Ferryman server [default: http://127.0.0.1:8000].",
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        metavar="KEY",
+        envvar="FERRYMAN_API_KEY",
+        show_envvar=True,
+        help="An API key (`ferryman keys create`); none in local mode.",
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+SessionId = Annotated[str, typer.Argument(metavar="ID", help="The session's id.")]
+
+
+@contextlib.contextmanager
+def _quick_imports() -> Iterator[None]:
+    """Import the SDK without two costs a command line does not need (about 0.1 s and
+    0.03 s of the 0.3 s it takes here):
+
+    - httpx imports its own command-line client (click, rich, pygments) whenever those are
+      installed, and here they are (uvicorn and typer bring them): marked absent, `httpx.main`
+      is httpx's stand-in for it;
+    - pydantic looks for plugins in every installed distribution's entry points when the first
+      model is defined: skipped, as typer skips it for its own adapters."""
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+        else:
+            os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """The SDK's failures as one line and an exit code (with the traceback too under
+    `--debug`); Ctrl-C as a quiet 130."""
+    with _quick_imports():
+        from app.client import ApiError, FerrymanConnectionError
+
+    try:
+        yield
+    except (typer.Exit, typer.Abort, BrokenPipeError):
+        raise  # a closed pipe (`| head`): click exits 1 quietly
+    except KeyboardInterrupt:
+        _end_line()
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except Exception as exc:
+        _end_line()
+        if debugging():
+            traceback.print_exc()
+        if isinstance(exc, FerrymanConnectionError):
+            fail(str(exc), EXIT_USAGE)
+        if isinstance(exc, ApiError):
+            fail(str(exc), EXIT_API_ERROR)
+        # Not the SDK's word: an answer it could not read, say.
+        hint = "" if debugging() else f" ({DEBUG_HINT})"
+        fail(f"{type(exc).__name__}: {one_line(exc)}{hint}", EXIT_API_ERROR)
+
+
+@contextlib.contextmanager
+def _client(url: str | None, api_key: str | None) -> Iterator[Ferryman]:
+    with _errors():
+        from app.client import Ferryman
+
+        with Ferryman(url or None, api_key=api_key or None) as client:
+            yield client
+
+
+def _end_line() -> None:
+    """Leave the terminal at the start of a line (after a reply cut by Ctrl-C)."""
+    if _View.mid_line:
+        typer.echo()
+        _View.mid_line = False
+
+
+def _print_json(value: Any, *, indent: int | None = 2) -> None:
+    separators = None if indent else (",", ":")
+    typer.echo(json.dumps(value, ensure_ascii=False, indent=indent, separators=separators))
+
+
+def _wire(model: Any) -> Any:
+    """A model of the SDK as the API's JSON."""
+    return model.model_dump(mode="json", by_alias=True)
+
+
+# --- a session's events, for a person -----------------------------------------------------------
+
+MAX_ARGUMENTS_CHARS = 200  # of a tool call's arguments, on its line
+MAX_RESULT_CHARS = 200  # of a failed tool call's result
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _arguments(arguments: Any) -> str:
+    text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return _short(text, MAX_ARGUMENTS_CHARS)
+
+
+class _View:
+    """Renders a session's events as they come: the reply as it streams (`message_delta`),
+    completed by its `assistant_message` without repeating what was shown; one line per tool
+    call started and ended; notices for retries, resumes and the end.
+
+    Deltas are ephemeral: a stream that joins in the middle of a turn misses its first ones.
+    So they are shown only once a durable event has come live (after `caught_up`), which a turn
+    begins with; before that, a turn's text shows when its `assistant_message` comes. Streamed
+    text that will not be the reply (a `model_retry` or a resume drops the partial turn) is
+    followed by a notice saying so; text that came with gaps anyway is followed by the reply as
+    recorded."""
+
+    mid_line = False  # class-wide: Ctrl-C ends the line whichever view wrote last
+
+    def __init__(self, *, in_step: bool = False) -> None:
+        self.partial = ""  # this turn's text streamed so far
+        # Whether a durable event came live: deltas from then on are whole turns. `run`
+        # streams a session from its creation: before any turn.
+        self.in_step = in_step
+        self.handlers: dict[str, Callable[[StreamEvent], None]] = {
+            "message_delta": self.delta,
+            "assistant_message": self.assistant_message,
+            "user_message": self.user_message,
+            "tool_call_start": self.tool_call_start,
+            "tool_result": self.tool_result,
+            "tool_approval_requested": self.approval_requested,
+            "tool_approval_decided": self.approval_decided,
+            "user_question": self.user_question,
+            "model_retry": self.model_retry,
+            "session_resumed": self.resumed,
+            "session_interrupted": self.interrupted,
+            "session_end": self.end,
+        }
+
+    def show(self, event: StreamEvent) -> None:
+        if event.durable and event.envelope.get("phase") == "live":
+            self.in_step = True
+        handler = self.handlers.get(event.type)
+        if handler is not None:
+            handler(event)
+
+    # -- output
+
+    def write(self, text: str) -> None:
+        if text:
+            typer.echo(text, nl=False)
+            sys.stdout.flush()
+            _View.mid_line = not text.endswith("\n")
+
+    def line(self, text: str, **style: Any) -> None:
+        _end_line()
+        typer.secho(text, **style)
+
+    def notice(self, text: str) -> None:
+        self.line(f"· {text}", dim=True)
+
+    def warning(self, text: str) -> None:
+        self.line(f"! {text}", fg=typer.colors.YELLOW)
+
+    def drop_partial(self, why: str) -> None:
+        if self.partial:
+            self.warning(f"the reply above was discarded ({why})")
+            self.partial = ""
+
+    # -- events
+
+    def delta(self, event: StreamEvent) -> None:
+        if not self.in_step:
+            return  # maybe the middle of a turn: its message shows it whole
+        text = str(event.data.get("text", ""))
+        self.write(text)
+        self.partial += text
+
+    def assistant_message(self, event: StreamEvent) -> None:
+        text = str(event.data.get("text") or "")
+        if not text:
+            self.drop_partial("the turn recorded no text")
+        elif text.startswith(self.partial):
+            self.write(text[len(self.partial) :])
+        else:
+            self.notice("some of the streamed text was missed; the reply as recorded:")
+            self.write(text)
+        self.partial = ""
+        _end_line()
+        stop = event.data.get("stopReason")
+        if stop == "length":
+            self.notice("the reply stopped at the output limit; send a message to continue it")
+        elif stop == "aborted":
+            self.notice("the reply was cut short")
+
+    def user_message(self, event: StreamEvent) -> None:
+        self.line(f"» {event.data.get('text', '')}", fg=typer.colors.CYAN)
+
+    def tool_call_start(self, event: StreamEvent) -> None:
+        data = event.data
+        self.line(f"→ tool {data.get('name')} {_arguments(data.get('arguments', {}))}")
+
+    def tool_result(self, event: StreamEvent) -> None:
+        data = event.data
+        name = data.get("name")
+        content = _short(str(data.get("content", "")), MAX_RESULT_CHARS)
+        if not data.get("isError"):
+            self.line(f"✓ {name} ok", fg=typer.colors.GREEN)
+        elif data.get("interrupted"):
+            self.line(f"✗ {name} interrupted: its worker stopped", fg=typer.colors.RED)
+        elif data.get("timedOut"):
+            self.line(f"✗ {name} timed out", fg=typer.colors.RED)
+        elif data.get("denied"):
+            self.line(f"✗ {name} {content}", fg=typer.colors.RED)
+        else:
+            self.line(f"✗ {name} error: {content}", fg=typer.colors.RED)
+
+    def approval_requested(self, event: StreamEvent) -> None:
+        data = event.data
+        call = data.get("toolCallId")
+        self.line(
+            f"? tool {data.get('name')} {_arguments(data.get('arguments', {}))} waits for "
+            f"approval: ferryman sessions approve {event.session_id} {call} [--deny]",
+            fg=typer.colors.YELLOW,
+        )
+
+    def approval_decided(self, event: StreamEvent) -> None:
+        data = event.data
+        verdict = "approved" if data.get("approved") else "denied"
+        reason = f": {data['reason']}" if data.get("reason") else ""
+        self.notice(f"tool call {data.get('toolCallId')} {verdict}{reason}")
+
+    def user_question(self, event: StreamEvent) -> None:
+        options = event.data.get("options") or []
+        self.line(f"? {event.data.get('question', '')}", fg=typer.colors.YELLOW)
+        if options:
+            self.line(f"  options: {' | '.join(str(option) for option in options)}")
+
+    def model_retry(self, event: StreamEvent) -> None:
+        data = event.data
+        self.drop_partial("the model call is retried")
+        delay = float(data.get("delayMs", 0)) / 1000
+        reason = data.get("reason", "fault")
+        message = f": {_short(str(data['message']), 200)}" if data.get("message") else ""
+        self.warning(
+            f"model call failed ({reason}{message}); retry {data.get('attempt')} in {delay:.1f} s"
+        )
+
+    def resumed(self, event: StreamEvent) -> None:
+        data = event.data
+        self.drop_partial("the session was resumed")
+        attempt = data.get("attempt")
+        if data.get("reason") == "follow_up":
+            # Re-queued by a message or an approval decision.
+            self.notice(f"resumed at attempt {attempt}")
+            return
+        repaired = data.get("repairedToolCalls") or []
+        interrupted = ", ".join(str(call) for call in repaired) if repaired else "none"
+        self.warning(f"worker restarted, resumed at attempt {attempt}; interrupted: {interrupted}")
+
+    def interrupted(self, event: StreamEvent) -> None:
+        self.drop_partial("its worker stopped")
+        reason = event.data.get("reason", "unknown")
+        self.warning(f"the worker stopped ({reason}); another one resumes the session")
+
+    def end(self, event: StreamEvent) -> None:
+        data = event.data
+        self.drop_partial("the turn did not finish")
+        status = str(data.get("status"))
+        error = data.get("error") or {}
+        detail = ""
+        if isinstance(error, dict) and error:
+            detail = ": " + ": ".join(
+                str(part) for part in (error.get("code"), error.get("message")) if part
+            )
+        if data.get("note"):
+            detail += f" ({data['note']})"
+        if status == "waiting":
+            detail += f"; answer with `ferryman sessions send {event.session_id} TEXT`"
+        color = {"succeeded": typer.colors.GREEN, "failed": typer.colors.RED}.get(status)
+        self.line(f"· session {status}{detail}", fg=color, dim=color is None)
+
+
+def _follow(
+    client: Ferryman,
+    session_id: str,
+    *,
+    after: int | None,
+    follow: bool = True,
+    as_json: bool = False,
+    from_creation: bool = False,
+) -> int:
+    """Print the session's events after seq `after` (None: all) and, with `follow`, live ones
+    until it ends; the exit code of how it stands then.
+
+    It stops at a `session_end` that is the log's last event: one met in the backlog only once
+    `caught_up` confirms nothing came after it (a follow-up re-queues an ended session).
+    `from_creation`: the stream starts as the session was created, before any turn, so token
+    deltas can be shown from the first one (see `_View`)."""
+    view = _View(in_step=from_creation)
+    ended: str | None = None  # the status of a session_end that is the last event seen
+    live = False
+    for event in client.session_events(session_id, after=after, follow=follow):
+        if as_json:
+            # Control frames (caught_up, resync_required) are their payload: typed here too.
+            envelope = event.envelope
+            if "type" not in envelope:
+                envelope = {"type": event.type, "data": event.data}
+            _print_json(envelope, indent=None)
+            sys.stdout.flush()
+        else:
+            view.show(event)
+        if event.type == "resync_required":
+            _end_line()
+            fail(_resync_problem(client, session_id, after, event), EXIT_USAGE)
+        if event.durable:
+            ended = str(event.data.get("status")) if event.type == "session_end" else None
+        live = live or event.type == "caught_up"
+        if live and ended is not None:
+            return status_exit(ended)
+    _end_line()
+    # A --no-follow stream that caught up before the end, or a session deleted meanwhile
+    # (asking for it then answers 404).
+    if ended is not None:
+        return status_exit(ended)
+    return status_exit(client.get_session(session_id).status)
+
+
+def _resync_problem(
+    client: Ferryman, session_id: str, after: int | None, event: StreamEvent
+) -> str:
+    reason = event.data.get("reason", "resync_required")
+    if reason == "cursor_ahead":
+        last = client.get_session(session_id).last_seq
+        return f"--after {after} is past the session's last event (seq {last})"
+    return f"the stream cannot resume after seq {after} ({reason}); try a smaller --after"
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+
+def _read_script(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as exc:
+        fail(f"--script: cannot read {path}: {exc.strerror}")
+    try:
+        turns = json.loads(text)
+    except ValueError as exc:
+        fail(f"--script: {path} is not JSON: {exc}")
+    if not isinstance(turns, list) or not all(isinstance(turn, dict) for turn in turns):
+        fail(f"--script: {path} must hold a JSON list of turns ({{text?, toolCalls?, ...}})")
+    return turns
+
+
+def run(
+    prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The opening user message.")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MODEL",
+            help="scripted, openai:NAME or anthropic:NAME [server's FERRYMAN_MODEL].",
+        ),
+    ] = None,
+    instructions: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="The system prompt.")
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option(
+            help="A JSON file (- for stdin) with the scripted model's turns: "
+            '[{"text": ..., "toolCalls": [{"name": ..., "arguments": {...}}]}, ...].',
+            dir_okay=False,
+            metavar="FILE",
+        ),
+    ] = None,
+    title: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="The title [the prompt's first line].")
+    ] = None,
+    tool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tool", metavar="NAME", help="A tool the agent may use (repeat; default: all)."
+        ),
+    ] = None,
+    approval_required: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--approval-required",
+            metavar="NAME",
+            help="A tool whose every call waits for your approval (repeat).",
+        ),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow/--no-follow", help="Stream the session until it ends, or print its id."
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="The session's JSON; with --follow, one event envelope a line (NDJSON)."
+        ),
+    ] = False,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Start a session and stream it: the reply as it comes, tool calls, retries and resumes.
+
+    With --no-follow, print the new session's id (or, with --json, the session) and exit 0.
+    """
+    turns = _read_script(script) if script is not None else None
+    with _client(url, api_key) as client:
+        session = client.create_session(
+            prompt,
+            title=title,
+            model=model,
+            instructions=instructions,
+            script=turns,
+            tools=tool or None,
+            approval_required=approval_required or None,
+        )
+        if not follow:
+            if as_json:
+                _print_json(_wire(session))
+            else:
+                typer.echo(session.id)
+            return
+        if not as_json:
+            typer.secho(f"· session {session.id}", dim=True)
+        # JSON: the whole log (its user_message first); a person: what comes after the prompt.
+        after = None if as_json else session.last_seq
+        code = _follow(client, session.id, after=after, as_json=as_json, from_creation=True)
+    raise typer.Exit(code)
+
+
+# --- follow -------------------------------------------------------------------------------------
+
+
+def follow_command(
+    session_id: SessionId,
+    after: Annotated[
+        int | None,
+        typer.Option(min=0, metavar="SEQ", help="Start after this event number [from the start]."),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow/--no-follow", help="Go on live until the session ends, or stop caught up."
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One event envelope a line (NDJSON).")
+    ] = False,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Stream a session's events from any point, as `ferryman run` shows them."""
+    with _client(url, api_key) as client:
+        client.get_session(session_id)  # 404, or an unreachable server, fails here at once
+        code = _follow(client, session_id, after=after, follow=follow, as_json=as_json)
+    raise typer.Exit(code)
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+sessions_cli = typer.Typer(
+    help="List, inspect, steer, cancel and delete sessions.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+STATUS_STYLES = {
+    "queued": "dim",
+    "running": "blue",
+    "waiting": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+
+
+def _when(moment: datetime) -> str:
+    """Local time; the date too unless it is today."""
+    local = moment.astimezone()
+    if local.date() == datetime.now().astimezone().date():
+        return local.strftime("%H:%M:%S")
+    return local.strftime("%Y-%m-%d %H:%M")
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    # Piped: no width to fit, so no column is cut (ids must stay whole to be pasted back).
+    console = Console()
+    return console if console.is_terminal else Console(width=10_000)
+
+
+def _sessions_table(sessions: list[Session]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("ID", no_wrap=True)
+    table.add_column("TITLE", overflow="ellipsis", no_wrap=True, ratio=1)
+    table.add_column("STATUS", no_wrap=True)
+    table.add_column("ATTEMPT", justify="right", no_wrap=True)
+    table.add_column("UPDATED", no_wrap=True)
+    for session in sessions:
+        table.add_row(
+            session.id,
+            Text(session.title),  # a title is text, not rich markup
+            Text(session.status, style=STATUS_STYLES.get(session.status, "")),
+            str(session.attempt),
+            _when(session.updated_at),
+        )
+    return table
+
+
+@sessions_cli.command("list")
+def sessions_list(
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--status",
+            "-s",
+            metavar="STATUS",
+            help="Only sessions in this status (repeat): queued, running, waiting, "
+            "succeeded, failed, cancelled.",
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", metavar="N", min=1, max=200, help="At most N rows.")
+    ] = 20,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The API's page: {sessions, cursor, nextPageToken}.")
+    ] = False,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """The newest sessions first."""
+    with _client(url, api_key) as client:
+        page = client.list_sessions(status=status or None, limit=limit)
+    if as_json:
+        _print_json(_wire(page))
+        return
+    if not page.sessions:
+        typer.echo("no sessions")
+        return
+    console = _console()
+    console.print(_sessions_table(page.sessions), soft_wrap=False)
+    if page.next_page_token:
+        console.print(f"[dim]… more: --limit {min(limit * 2, 200)}[/]")
+
+
+@sessions_cli.command("show")
+def sessions_show(
+    session_id: SessionId, as_json: AsJson = False, url: Url = None, api_key: ApiKey = None
+) -> None:
+    """One session: status, attempt, model, usage, error, lease."""
+    with _client(url, api_key) as client:
+        session = client.get_session(session_id)
+    if as_json:
+        _print_json(_wire(session))
+        return
+    usage = session.usage
+    rows: list[tuple[str, Any]] = [
+        ("id", session.id),
+        ("title", session.title),
+        ("status", session.status + (" (cancel requested)" if session.cancel_requested else "")),
+        ("attempt", session.attempt),
+        ("model", session.model),
+        ("events", session.last_seq),
+        ("created", _when(session.created_at)),
+        ("updated", _when(session.updated_at)),
+        (
+            "usage",
+            f"{usage.input_tokens} in, {usage.output_tokens} out, {usage.cached_tokens} cached",
+        ),
+    ]
+    if session.active_stage:
+        rows.append(("stage", session.active_stage))
+    if session.lease is not None:
+        pid = f" (pid {session.lease.pid})" if session.lease.pid else ""
+        rows.append(("worker", f"{session.lease.worker_id}{pid}"))
+    if session.error:
+        rows.append(
+            ("error", f"{session.error.get('code', '')}: {session.error.get('message', '')}")
+        )
+    rows.append(("prompt", _short(session.prompt, 200)))
+    for name, value in rows:
+        typer.echo(f"{name + ':':<9} {value}")
+
+
+@sessions_cli.command("cancel")
+def sessions_cancel(
+    session_id: SessionId,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait (at most 30 s) until the session has ended.")
+    ] = False,
+    as_json: AsJson = False,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Cancel a session: at once if queued or waiting, else once its worker has stopped."""
+    with _client(url, api_key) as client:
+        answer = client.cancel_session(session_id, wait=wait)
+    if as_json:
+        _print_json(_wire(answer))
+    elif answer.status in TERMINAL:
+        typer.echo(f"{answer.id} {answer.status}")
+    else:
+        typer.echo(f"{answer.id} cancel requested (still {answer.status})")
+
+
+@sessions_cli.command("send")
+def sessions_send(
+    session_id: SessionId,
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="The message.")],
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", help="Then stream the session until it ends, as `run` does."),
+    ] = False,
+    as_json: AsJson = False,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Send a message: steers a running session, re-queues a waiting or ended one."""
+    with _client(url, api_key) as client:
+        accepted = client.send_message(session_id, text)
+        if as_json and not follow:
+            _print_json(_wire(accepted))
+            return
+        message = accepted.message
+        if not as_json:
+            typer.echo(f"sent as event {message.seq} ({message.delivery})")
+        if not follow:
+            return
+        code = _follow(client, session_id, after=message.seq, as_json=as_json)
+    raise typer.Exit(code)
+
+
+@sessions_cli.command("approve")
+def sessions_approve(
+    session_id: SessionId,
+    tool_call_id: Annotated[
+        str, typer.Argument(metavar="CALL_ID", help="The call's id (tool_approval_requested).")
+    ],
+    deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
+    reason: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="Why (the model sees it).")
+    ] = None,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Approve (or --deny) a tool call that waits for approval."""
+    with _client(url, api_key) as client:
+        decided = client.decide_tool_call(session_id, tool_call_id, not deny, reason=reason)
+    verdict = "approved" if decided.approved else "denied"
+    typer.echo(f"{decided.tool_call_id} {verdict}; session {decided.id} is {decided.status}")
+
+
+@sessions_cli.command("rename")
+def sessions_rename(
+    session_id: SessionId,
+    title: Annotated[str, typer.Argument(metavar="TITLE", help="The new title.")],
+    as_json: AsJson = False,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Give a session a new title."""
+    with _client(url, api_key) as client:
+        session = client.rename_session(session_id, title)
+    if as_json:
+        _print_json(_wire(session))
+    else:
+        typer.echo(f"{session.id} {session.title}")
+
+
+@sessions_cli.command("delete")
+def sessions_delete(session_id: SessionId, url: Url = None, api_key: ApiKey = None) -> None:
+    """Delete a session (cancelling it first if it runs)."""
+    with _client(url, api_key) as client:
+        client.delete_session(session_id)
+    typer.echo(f"{session_id} deleted")
+
+
+# --- watch --------------------------------------------------------------------------------------
+
+
+def watch(
+    limit: Annotated[
+        int,
+        typer.Option("--limit", "-n", metavar="N", min=1, max=200, help="Rows shown (the newest)."),
+    ] = 20,
+    url: Url = None,
+    api_key: ApiKey = None,
+) -> None:
+    """A live table of your sessions, until Ctrl-C.
+
+    When the output is not a terminal, one line per change instead:
+    `TIME ID STATUS attempt N TITLE`, `TIME ID deleted`, and `TIME reconnecting…` /
+    `TIME connected` when the stream goes down and comes back.
+    """
+    import asyncio
+
+    with _errors():
+        from app.client import AsyncFerryman
+
+        client = AsyncFerryman(url or None, api_key=api_key or None)
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_watch(client, limit))
+
+
+async def _watch(client: AsyncFerryman, limit: int) -> None:
+    from app.client import OwnerSessionClient
+
+    async with client, OwnerSessionClient(client) as live:
+        if sys.stdout.isatty():
+            await _watch_table(live, limit)
+        else:
+            await _watch_lines(live, limit)
+
+
+def _newest(picture: dict[str, Session], limit: int) -> list[Session]:
+    """The `limit` newest sessions, newest first (as `sessions list` orders them): rows keep
+    their places while their sessions change."""
+    return sorted(picture.values(), key=lambda s: (s.created_at, s.id), reverse=True)[:limit]
+
+
+async def _watch_table(live: OwnerSessionClient, limit: int) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    with Live(console=console, auto_refresh=False, redirect_stdout=False) as view:
+        async for picture in live.changes():
+            # Bounded by the screen too: a table taller than it would scroll at each refresh.
+            rows = max(1, min(limit, console.size.height - 4))
+            shown = _newest(picture, rows)
+            state = "[green]●[/] live" if live.connected else "[yellow]reconnecting…[/]"
+            caption = (
+                f"{state}   {len(shown)} of {len(picture)} sessions, newest first"
+                "   [dim]Ctrl-C to quit[/]"
+            )
+            table = _sessions_table(shown)
+            table.caption = caption
+            table.caption_justify = "left"
+            view.update(table, refresh=True)
+
+
+async def _watch_lines(live: OwnerSessionClient, limit: int) -> None:
+    """One line per change, for a pipe or a log."""
+    known: dict[str, tuple[str, int, str]] = {}  # every session's state as last printed
+    connected = False  # not connected yet is not worth a line; losing the stream is
+    first = True
+    async for picture in live.changes():
+        now = datetime.now().astimezone().strftime("%H:%M:%S")
+        if live.connected != connected:
+            connected = live.connected
+            typer.echo(f"{now} {'connected' if connected else 'reconnecting…'}")
+        # At first the newest `limit` sessions, oldest first; then every change.
+        shown = {s.id for s in _newest(picture, limit)} if first else set(picture)
+        first = False
+        for session in sorted(picture.values(), key=lambda s: (s.created_at, s.id)):
+            state = (session.status, session.attempt, session.title)
+            if known.get(session.id) != state:
+                known[session.id] = state
+                if session.id in shown:
+                    typer.echo(
+                        f"{now} {session.id} {session.status:<9} attempt {session.attempt} "
+                        f"{session.title}"
+                    )
+        for session_id in [known_id for known_id in known if known_id not in picture]:
+            del known[session_id]
+            typer.echo(f"{now} {session_id} deleted")
+        sys.stdout.flush()
+
+
+# --- the group ----------------------------------------------------------------------------------
+
+
+def _with_exit_codes(command: Callable[..., None]) -> str:
+    return f"{inspect.cleandoc(command.__doc__ or '')}\n\n{EXIT_CODES_HELP}"
+
+
+def register(cli: typer.Typer) -> None:
+    """Add the client commands to `cli`."""
+    cli.command(short_help="Start a session and stream it.", help=_with_exit_codes(run))(run)
+    cli.command(
+        "follow",
+        short_help="Stream a session's events, live.",
+        help=_with_exit_codes(follow_command),
+    )(follow_command)
+    cli.command(short_help="A live table of your sessions.")(watch)
+    cli.add_typer(sessions_cli, name="sessions")

@@ -1,0 +1,595 @@
+"""The client commands of `ferryman` (run, follow, sessions, watch), end to end: the installed
+`ferryman` script in a child process, against a real server and real workers, as a person or a
+shell script would use it (FERRYMAN_URL, FERRYMAN_API_KEY)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import app
+from tests.support import (
+    TERMINAL,
+    ServerProcess,
+    StartWorker,
+    WorkerProcess,
+    client,
+    free_port,
+    ready,
+    wait_for_status,
+)
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+# Retries of a failed model call, fast: the scripted faults are retried where a test wants it.
+RETRYING = {
+    "FERRYMAN_MODEL_MAX_RETRIES": "2",
+    "FERRYMAN_MODEL_RETRY_INITIAL_DELAY": "0.1",
+    "FERRYMAN_MODEL_RETRY_MAX_DELAY": "0.2",
+}
+
+
+def command() -> list[str]:
+    """The `ferryman` script installed beside this interpreter (`python -m app` without one)."""
+    script = Path(sys.executable).with_name("ferryman")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app"]
+
+
+def cli_env(url: str, key: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMAN_")}
+    env["FERRYMAN_URL"] = url
+    if key is not None:
+        env["FERRYMAN_API_KEY"] = key
+    return env
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def lines(self) -> list[str]:
+        return self.stdout.splitlines()
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def ndjson(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines]
+
+    def __str__(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+
+
+@dataclass
+class Ferryman:
+    """Runs `ferryman` commands against one server as one owner."""
+
+    url: str
+    key: str | None
+
+    async def __call__(self, *args: str, timeout: float = 60, stdin: str | None = None) -> Result:
+        proc = await asyncio.create_subprocess_exec(
+            *command(),
+            *args,
+            env=cli_env(self.url, self.key),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(stdin.encode() if stdin is not None else None), timeout
+            )
+        except TimeoutError:
+            proc.kill()
+            out, err = await proc.communicate()
+            raise AssertionError(
+                f"`ferryman {' '.join(args)}` still running after {timeout}s:\n"
+                f"{out.decode()[-2000:]}\n{err.decode()[-2000:]}"
+            ) from None
+        assert proc.returncode is not None
+        return Result(proc.returncode, out.decode(), err.decode())
+
+    @contextlib.asynccontextmanager
+    async def running(self, *args: str) -> AsyncIterator[Running]:
+        """A command left running, its output read as it comes; killed if still running at
+        the end."""
+        proc = await asyncio.create_subprocess_exec(
+            *command(),
+            *args,
+            env=cli_env(self.url, self.key),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        running = Running(proc)
+        try:
+            yield running
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+@dataclass
+class Running:
+    proc: asyncio.subprocess.Process
+    seen: str = ""  # stdout so far
+    read_to: int = 0  # where the next `expect` starts looking
+
+    async def expect(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
+        """Read stdout until a line after the last one matched matches `pattern` (a regex,
+        multi-line); the match."""
+        assert self.proc.stdout is not None
+        regex = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while True:
+            match = regex.search(self.seen, self.read_to)
+            if match:
+                end = self.seen.find("\n", match.end())
+                self.read_to = end + 1 if end >= 0 else len(self.seen)
+                return match
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line matching {pattern!r} in:\n{self.seen}")
+            try:
+                line = await asyncio.wait_for(self.proc.stdout.readline(), left)
+            except TimeoutError:
+                continue
+            if not line:
+                await self.proc.wait()
+                err = await self.stderr()
+                raise AssertionError(
+                    f"exited {self.proc.returncode} before {pattern!r}:\n{self.seen}\n{err}"
+                )
+            self.seen += line.decode()
+
+    async def stderr(self) -> str:
+        assert self.proc.stderr is not None
+        return (await self.proc.stderr.read()).decode()
+
+    async def finish(self, timeout: float = 60.0) -> Result:
+        """Wait for the exit; everything it printed."""
+        out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
+        assert self.proc.returncode is not None
+        return Result(self.proc.returncode, self.seen + out.decode(), err.decode())
+
+
+@pytest.fixture
+def ferryman(api: ServerProcess, key: str) -> Ferryman:
+    return Ferryman(api.url, key)
+
+
+@pytest.fixture
+async def worker(start_worker: StartWorker) -> WorkerProcess:
+    """A worker on the module's database for this test alone, retrying model faults fast."""
+    started = start_worker(env=RETRYING)
+    await ready(started)
+    return started
+
+
+def write_script(tmp_path: Path, turns: list[dict[str, Any]]) -> str:
+    path = tmp_path / f"script-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(json.dumps(turns))
+    return str(path)
+
+
+def assert_one_error_line(result: Result, code: int, *needles: str) -> None:
+    assert result.returncode == code, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], result
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+NOTE_SCRIPT = [
+    {
+        "text": "Saving it. ",
+        "toolCalls": [{"name": "put_note", "arguments": {"key": "a", "text": "b"}}],
+    },
+    # The first delta 0.2 s after the tool's result: a delta sent at once can overtake it.
+    {"text": "All done: the note is saved.", "chunks": 3, "delayMs": 600},
+]
+
+
+async def test_run_streams_the_reply_and_tool_calls(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    result = await ferryman("run", "save a note", "--script", write_script(tmp_path, NOTE_SCRIPT))
+    assert result.returncode == 0, result
+    lines = result.lines
+    match = re.fullmatch(rf"· session ({UUID.pattern})", lines[0])
+    assert match, result
+    assert lines[1:] == [
+        "Saving it. ",
+        '→ tool put_note {"key":"a","text":"b"}',
+        "✓ put_note ok",
+        "All done: the note is saved.",
+        "· session succeeded",
+    ], result
+    # The streamed deltas and the recorded message make one reply, not two.
+    assert result.stdout.count("All done") == 1
+    assert "save a note" not in result.stdout  # the prompt is not echoed back
+    async with client(ferryman.url, ferryman.key) as http:
+        session = await wait_for_status(http, match.group(1), TERMINAL)
+    assert session["status"] == "succeeded"
+
+
+async def test_run_exit_codes_say_how_the_session_ended(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    failing = write_script(tmp_path, [{"text": "no", "fault": {"kind": "bad_request"}}])
+    asking = write_script(
+        tmp_path,
+        [{"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which colour?"}}]}],
+    )
+    sleeping = write_script(
+        tmp_path, [{"toolCalls": [{"name": "sleep", "arguments": {"seconds": 60}}]}]
+    )
+    failed, waiting = await asyncio.gather(
+        ferryman("run", "fail", "--script", failing),
+        ferryman("run", "ask", "--script", asking),
+    )
+    assert failed.returncode == 3, failed
+    assert failed.lines[-1].startswith("· session failed: MODEL_BAD_REQUEST"), failed
+    assert waiting.returncode == 5, waiting
+    assert "? Which colour?" in waiting.lines
+    assert waiting.lines[-1].startswith("· session waiting; answer with `ferryman sessions send")
+
+    # Cancelled while a tool runs: `sessions cancel --wait` answers once it has ended, and
+    # the `run` following it exits 4.
+    async with ferryman.running("run", "sleep", "--script", sleeping) as run:
+        session_id = (await run.expect(rf"· session ({UUID.pattern})")).group(1)
+        await run.expect(r'→ tool sleep \{"seconds":60\}')
+        cancelled = await ferryman("sessions", "cancel", session_id, "--wait")
+        assert cancelled.returncode == 0, cancelled
+        assert cancelled.stdout == f"{session_id} cancelled\n"
+        result = await run.finish()
+    assert result.returncode == 4, result
+    assert result.lines[-1] == "· session cancelled", result
+
+
+async def test_run_without_follow_and_as_json(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    quiet = await ferryman("run", "hello", "--no-follow", "--title", "greeting")
+    assert quiet.returncode == 0, quiet
+    assert UUID.fullmatch(quiet.stdout.strip()), quiet
+
+    created = await ferryman("run", "hello again", "--no-follow", "--json", "--model", "scripted")
+    assert created.returncode == 0, created
+    session = created.json()
+    assert session["title"] == "hello again" and session["model"] == "scripted"
+    assert {"id", "status", "attempt", "lastSeq", "createdAt", "usage"} <= set(session)
+
+    script = write_script(tmp_path, NOTE_SCRIPT)
+    streamed = await ferryman("run", "as json", "--json", "--script", script)
+    assert streamed.returncode == 0, streamed
+    frames = streamed.ndjson()
+    durable = [f for f in frames if "seq" in f]
+    assert [f["seq"] for f in durable] == list(range(1, len(durable) + 1))  # the whole log
+    assert durable[0]["type"] == "user_message" and durable[0]["data"]["text"] == "as json"
+    assert durable[-1]["type"] == "session_end" and durable[-1]["data"] == {"status": "succeeded"}
+    assert frames[-1] is durable[-1]
+    types = [f["type"] for f in frames]
+    assert "caught_up" in types  # control frames are typed too
+    assert {"tool_call_start", "tool_result", "assistant_message"} <= set(types)
+    assert all(f["sessionId"] == durable[0]["sessionId"] for f in durable)
+
+
+async def test_run_tells_of_a_model_retry(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    script = write_script(
+        tmp_path,
+        [
+            {
+                "text": "A first try that breaks off.",
+                "chunks": 4,
+                "delayMs": 800,
+                "fault": {"kind": "server_error"},
+            }
+        ],
+    )
+    async with ferryman.running("run", "retry", "--script", script) as run:
+        await run.expect(r"A first")  # the partial reply streamed before the fault
+        result = await run.finish()
+    assert result.returncode == 0, result
+    lines = result.lines
+    retry = next(i for i, line in enumerate(lines) if line.startswith("! model call failed"))
+    assert "server_error" in lines[retry] and "retry 1 in" in lines[retry], result
+    assert lines[retry - 1] == "! the reply above was discarded (the model call is retried)"
+    # The retried turn's reply follows, whole and once.
+    assert lines[retry + 1 :] == ["A first try that breaks off.", "· session succeeded"], result
+
+
+async def test_run_tells_of_a_worker_crash(
+    ferryman: Ferryman, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    first = start_worker()
+    await ready(first)
+    script = write_script(
+        tmp_path,
+        [
+            {"toolCalls": [{"name": "sleep", "arguments": {"seconds": 3}}]},
+            # Deltas come after the tool's result (a delta sent at once can overtake it).
+            {"text": "Back after the crash.", "chunks": 2, "delayMs": 400},
+        ],
+    )
+    async with ferryman.running("run", "crash", "--script", script) as run:
+        await run.expect(r'→ tool sleep \{"seconds":3\}')
+        first.signal(signal.SIGKILL)
+        second = start_worker()  # claims the dead worker's session
+        await run.expect(r"worker restarted", timeout=60)
+        result = await run.finish()
+    await ready(second)
+    assert result.returncode == 0, result
+    lines = result.lines
+    resumed = next(line for line in lines if line.startswith("! worker restarted"))
+    match = re.fullmatch(r"! worker restarted, resumed at attempt 2; interrupted: (\S+)", resumed)
+    assert match, result
+    assert "✗ sleep interrupted: its worker stopped" in lines
+    # The idempotent call is made again, and the session goes on.
+    assert lines.count('→ tool sleep {"seconds":3}') == 2
+    assert lines[-3:] == ["✓ sleep ok", "Back after the crash.", "· session succeeded"], result
+
+
+async def test_run_waits_for_an_approval(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    script = write_script(tmp_path, NOTE_SCRIPT)
+    run = await ferryman("run", "approve", "--script", script, "--approval-required", "put_note")
+    assert run.returncode == 5, run  # waiting
+    session_id = run.lines[0].removeprefix("· session ")
+    asked = next(line for line in run.lines if "waits for approval" in line)
+    match = re.fullmatch(
+        r'\? tool put_note \{"key":"a","text":"b"\} waits for approval: '
+        rf"ferryman sessions approve {session_id} (\S+) \[--deny\]",
+        asked,
+    )
+    assert match, run
+    approved = await ferryman("sessions", "approve", session_id, match.group(1))
+    assert approved.returncode == 0, approved
+    assert approved.stdout == f"{match.group(1)} approved; session {session_id} is queued\n"
+    followed = await ferryman("follow", session_id)
+    assert followed.returncode == 0, followed
+    lines = followed.lines
+    decided = lines.index(f"· tool call {match.group(1)} approved")
+    assert lines[decided:] == [
+        lines[decided],
+        "· resumed at attempt 2",
+        '→ tool put_note {"key":"a","text":"b"}',
+        "✓ put_note ok",
+        "All done: the note is saved.",
+        "· session succeeded",
+    ], followed
+
+
+async def test_run_refuses_bad_input(ferryman: Ferryman, tmp_path: Path) -> None:
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("[{")
+    not_a_list = tmp_path / "object.json"
+    not_a_list.write_text('{"text": "x"}')
+    missing, bad, wrong_shape, invalid, from_stdin = await asyncio.gather(
+        ferryman("run", "x", "--script", str(tmp_path / "missing.json")),
+        ferryman("run", "x", "--script", str(not_json)),
+        ferryman("run", "x", "--script", str(not_a_list)),
+        ferryman("run", "x", "--tool", "not a tool name", "--no-follow"),
+        ferryman("run", "x", "--script", "-", "--no-follow", "--json", stdin='[{"text": "hi"}]'),
+    )
+    assert_one_error_line(missing, 2, "--script", "cannot read")
+    assert_one_error_line(bad, 2, "--script", "is not JSON")
+    assert_one_error_line(wrong_shape, 2, "--script", "JSON list")
+    # The API's 422 names the field.
+    assert_one_error_line(invalid, 1, "422 VALIDATION_ERROR", "tools.0")
+    assert from_stdin.returncode == 0, from_stdin
+    assert from_stdin.json()["status"] == "queued"
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+
+async def test_sessions_commands(ferryman: Ferryman) -> None:
+    # No worker: the sessions stay queued.
+    first = (await ferryman("run", "first prompt", "--no-follow", "--title", "First")).stdout
+    second = (await ferryman("run", "second prompt", "--no-follow", "--title", "Second")).stdout
+    first_id, second_id = first.strip(), second.strip()
+
+    listed = await ferryman("sessions", "list", "--json")
+    assert listed.returncode == 0, listed
+    page = listed.json()
+    assert [s["id"] for s in page["sessions"]] == [second_id, first_id]  # newest first
+    assert page["cursor"] and page["nextPageToken"] is None
+
+    table = await ferryman("sessions", "list")
+    assert table.returncode == 0, table
+    header, *rows = table.lines
+    assert header.split() == ["ID", "TITLE", "STATUS", "ATTEMPT", "UPDATED"]
+    assert [row.split()[:4] for row in rows] == [
+        [second_id, "Second", "queued", "0"],
+        [first_id, "First", "queued", "0"],
+    ]
+    limited = await ferryman("sessions", "list", "-n", "1")
+    assert [row.split()[0] for row in limited.lines[1:-1]] == [second_id]
+    assert limited.lines[-1].startswith("… more")
+
+    shown = await ferryman("sessions", "show", first_id)
+    assert shown.returncode == 0, shown
+    fields = dict(line.split(":", 1) for line in shown.lines)
+    assert fields["id"].strip() == first_id
+    assert fields["status"].strip() == "queued"
+    assert fields["prompt"].strip() == "first prompt"
+    as_json = (await ferryman("sessions", "show", first_id, "--json")).json()
+    assert as_json["id"] == first_id and as_json["lastSeq"] == 1
+
+    renamed = await ferryman("sessions", "rename", first_id, "Renamed")
+    assert renamed.stdout == f"{first_id} Renamed\n", renamed
+    sent = await ferryman("sessions", "send", first_id, "one more thing")
+    assert sent.returncode == 0, sent
+    assert sent.stdout == "sent as event 2 (queued)\n"
+    sent_json = (await ferryman("sessions", "send", first_id, "and another", "--json")).json()
+    assert sent_json["message"] == {"seq": 3, "text": "and another", "delivery": "queued"}
+
+    cancelled = await ferryman("sessions", "cancel", first_id)
+    assert cancelled.stdout == f"{first_id} cancelled\n", cancelled
+    again = await ferryman("sessions", "cancel", first_id)
+    assert_one_error_line(again, 1, "409 SESSION_ALREADY_TERMINAL")
+    only_cancelled = (await ferryman("sessions", "list", "--status", "cancelled", "--json")).json()
+    assert [s["id"] for s in only_cancelled["sessions"]] == [first_id]
+
+    deleted = await ferryman("sessions", "delete", second_id)
+    assert deleted.stdout == f"{second_id} deleted\n", deleted
+    gone = await ferryman("sessions", "show", second_id)
+    assert_one_error_line(gone, 1, "404")
+    remaining = (await ferryman("sessions", "list", "--json")).json()["sessions"]
+    assert [s["id"] for s in remaining] == [first_id]
+
+
+async def test_connection_and_auth_errors(api: ServerProcess) -> None:
+    nowhere = Ferryman(f"http://127.0.0.1:{free_port()}", "fm_whatever")
+    unreachable = await asyncio.gather(
+        nowhere("sessions", "list"),
+        nowhere("run", "x"),
+        nowhere("follow", str(uuid.uuid4())),
+        nowhere("watch"),
+    )
+    for result in unreachable:
+        assert_one_error_line(result, 2, "cannot reach Ferryman at http://127.0.0.1:")
+    wrong_key = await Ferryman(api.url, "fm_not_a_key")("sessions", "list")
+    assert_one_error_line(wrong_key, 1, "401")
+
+
+# --- follow -------------------------------------------------------------------------------------
+
+
+async def test_follow_from_any_point(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    script = write_script(tmp_path, NOTE_SCRIPT)
+    run = await ferryman("run", "note this", "--script", script)
+    assert run.returncode == 0, run
+    session_id = run.lines[0].removeprefix("· session ")
+
+    whole = await ferryman("follow", session_id)
+    assert whole.returncode == 0, whole
+    assert whole.lines == ["» note this", *run.lines[1:]]  # the prompt too, from seq 1
+
+    events = (await ferryman("follow", session_id, "--json")).ndjson()
+    result_seq = next(e["seq"] for e in events if e["type"] == "tool_result")
+    later = await ferryman("follow", session_id, "--after", str(result_seq))
+    assert later.returncode == 0, later
+    assert later.lines == ["All done: the note is saved.", "· session succeeded"]
+    later_json = (
+        await ferryman("follow", session_id, "--after", str(result_seq), "--json")
+    ).ndjson()
+    seqs = [e["seq"] for e in later_json if "seq" in e]
+    assert seqs and seqs[0] == result_seq + 1
+
+    last_seq = max(e["seq"] for e in events if "seq" in e)
+    ahead = await ferryman("follow", session_id, "--after", str(last_seq + 5))
+    assert_one_error_line(ahead, 2, f"--after {last_seq + 5}", f"(seq {last_seq})")
+    unknown = await ferryman("follow", str(uuid.uuid4()))
+    assert_one_error_line(unknown, 1, "404")
+
+
+async def test_follow_waits_for_the_end_unless_told_not_to(
+    ferryman: Ferryman, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    queued = (await ferryman("run", "later", "--no-follow")).stdout.strip()
+    caught_up = await ferryman("follow", queued, "--no-follow")
+    assert caught_up.returncode == 6, caught_up  # still queued
+    assert caught_up.lines == ["» later"]
+
+    async with ferryman.running("follow", queued) as following:
+        await following.expect(r"» later")
+        started = start_worker()  # the session runs only now, while it is followed
+        result = await following.finish()
+    await ready(started)
+    assert result.returncode == 0, result
+    assert result.lines == ["» later", "You said: later", "· session succeeded"]
+
+    # A follow-up re-queues the ended session: following it again stops at the new end, not
+    # at the first one.
+    sent = await ferryman("sessions", "send", queued, "and then?", "--follow")
+    assert sent.returncode == 0, sent
+    assert sent.lines[0] == "sent as event 5 (queued)"
+    assert sent.lines[-1] == "· session succeeded"
+    assert "· resumed at attempt 2" in sent.lines
+    again = await ferryman("follow", queued)
+    assert again.lines.count("· session succeeded") == 2, again
+    assert again.returncode == 0
+
+
+# --- watch --------------------------------------------------------------------------------------
+
+
+async def test_watch_prints_changes_until_interrupted(
+    isolated_db: str, key: str, start_worker: StartWorker
+) -> None:
+    # A server of the test's own, to stop and start again under the watcher.
+    server = ServerProcess(isolated_db, env={"FERRYMAN_POLL_INTERVAL": "1"}).start()
+    try:
+        ferryman = Ferryman(server.url, key)
+        old = (await ferryman("run", "before watching", "--no-follow")).stdout.strip()
+        async with ferryman.running("watch") as watch:
+            await watch.expect(rf"{old} queued +attempt 0 before watching")
+            await watch.expect(r"\d\d:\d\d:\d\d connected")
+            worker = start_worker()
+            await watch.expect(rf"{old} succeeded +attempt 1 before watching")
+            new = (await ferryman("run", "while watching", "--no-follow")).stdout.strip()
+            await watch.expect(rf"{new} \w+ +attempt \d while watching")
+            await watch.expect(rf"{new} succeeded +attempt 1 while watching")
+            await ferryman("sessions", "delete", old)
+            await watch.expect(rf"{old} deleted")
+
+            # The server goes away and comes back: the watcher says so, and catches up.
+            server.stop()
+            await watch.expect(r"reconnecting…")
+            server = ServerProcess(
+                isolated_db, env={"FERRYMAN_POLL_INTERVAL": "1"}, port=server.port
+            ).start()
+            await watch.expect(r"^\d\d:\d\d:\d\d connected$", timeout=60)
+            await ferryman("sessions", "rename", new, "renamed while watching")
+            await watch.expect(rf"{new} succeeded +attempt 1 renamed while watching")
+
+            watch.proc.send_signal(signal.SIGINT)
+            result = await watch.finish()
+        await ready(worker)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result
+    assert "Traceback" not in result.stderr and result.stderr == "", result
+
+
+# --- the command itself -------------------------------------------------------------------------
+
+
+async def test_version_and_help(api: ServerProcess) -> None:
+    ferryman = Ferryman(api.url, None)
+    version, help_, run_help = await asyncio.gather(
+        ferryman("--version"), ferryman("--help"), ferryman("run", "--help")
+    )
+    assert version.returncode == 0 and version.stdout == f"ferryman {app.__version__}\n"
+    for name in ("serve", "worker", "migrate", "keys", "run", "follow", "sessions", "watch"):
+        assert re.search(rf"^  {name} ", help_.stdout, re.M), help_
+    assert "Exit status:" in run_help.stdout
+    assert re.search(r"^    3 +the session failed$", run_help.stdout, re.M), run_help

@@ -25,7 +25,7 @@ from app.runtime.watcher import watch_peers
 from app.store import runs
 from app.store import tools as tool_store
 from app.store.events import Fence
-from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key
+from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key, inbox_key
 
 log = logging.getLogger(__name__)
 
@@ -263,9 +263,16 @@ class Worker:
             self.tasks.add(check)
             check.add_done_callback(self.tasks.discard)
 
+        def on_inbox(_: str | None) -> None:
+            run.inbox = True
+
         try:
-            with self.bus.subscribe(cancel_key(run.session_id), on_cancel):
-                on_cancel(None)  # a cancel that came between the claim and the subscription
+            # A cancel that came between the claim and these subscriptions: the run's first
+            # transaction reads it.
+            with (
+                self.bus.subscribe(cancel_key(run.session_id), on_cancel),
+                self.bus.subscribe(inbox_key(run.session_id), on_inbox),
+            ):
                 await run.execute()
         except UNAVAILABLE_ERRORS as exc:
             # The database went away mid-run: the run stops here. Its lease runs out (or the

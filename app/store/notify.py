@@ -28,6 +28,13 @@ def session_key(session_id: UUID | str) -> str:
     return f"s:{session_id}"
 
 
+def inbox_key(session_id: UUID | str) -> str:
+    """Wakes the lease holder of a session that was sent a message or an approval decision:
+    it reads its log for them only when told (its finish still checks, in case a
+    notification is lost)."""
+    return f"i:{session_id}"
+
+
 def cancel_key(session_id: UUID | str) -> str:
     """Wakes the lease holder of a session whose cancellation was requested."""
     return f"c:{session_id}"

@@ -9,10 +9,8 @@ import functools
 import itertools
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
@@ -43,12 +41,13 @@ from app.agent.models.base import FAULT_CODES, UNAVAILABLE_CODE
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
 from app.db.pool import Connection, Database
-from app.domain import OwnerEventType, SessionEventType, Status, rfc3339
+from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
+from app.runtime.deltas import DeltaHub
 from app.store import events as event_store
 from app.store import runs
 from app.store.events import Fence
-from app.store.notify import publish_ephemeral, session_key
+from app.store.notify import publish_ephemerals, session_key
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ MODEL_RETRIES = Counter("ferryman_model_retries_total", "Model calls retried, by
 MODEL_TOKENS = Counter(
     "ferryman_model_tokens", "Tokens reported by model providers", ["model", "kind"]
 )
-DELTA_FLUSH_SECONDS = 0.05
 
 
 class RunAborted(Exception):
@@ -86,6 +84,8 @@ class RunContext:
     # events one read of the log may return (FERRYMAN_TRANSCRIPT_PAGE_BYTES).
     max_event_bytes: int
     read_page_bytes: int
+    # The worker's token deltas, sent together.
+    deltas: DeltaHub
 
 
 @dataclass
@@ -439,16 +439,15 @@ class Run:
 
     async def stream_turn(self, model: Model, request: ModelRequest) -> AssistantMessage:
         streamed: list[str] = []
-        publisher = DeltaPublisher(self.ctx.db, self.row)
 
         async def on_delta(text: str) -> None:
             streamed.append(text)
-            publisher.add(text)
+            self.ctx.deltas.add(self.session_id, self.row["owner_id"], text)
 
         try:
             return await self.interruptible(model.complete(request, on_delta))
         except RunAborted as aborted:
-            await self.defer_deltas(publisher)
+            await self.defer_deltas()
             if aborted.reason == "cancelled":
                 # Keep what the user already saw, marked aborted (resume planning drops it).
                 partial = AssistantMessage("".join(streamed), (), "aborted")
@@ -460,16 +459,16 @@ class Run:
             log.exception("model failed", extra={"session": str(self.session_id)})
             raise ModelFault("internal", f"the model failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            await self.defer_deltas(publisher)
+            await self.defer_deltas()
 
-    async def defer_deltas(self, publisher: DeltaPublisher) -> None:
+    async def defer_deltas(self) -> None:
         """The turn's text not sent yet goes out with the run's next transaction, before the
         event that ends the turn: deltas still precede their message, and a short turn costs
         no NOTIFY of its own."""
-        body = await publisher.stop()
+        body = await self.ctx.deltas.take(self.session_id)
         if body is not None:
-            key = session_key(self.session_id)
-            self.deferred.append(functools.partial(publish_ephemeral, key=key, body=body))
+            frames = [(session_key(self.session_id), body)]
+            self.deferred.append(functools.partial(publish_ephemerals, frames=frames))
 
     async def fail(self, fault: ModelFault, delivered: int) -> None:
         """End the run `failed` for a model fault: recorded as a failure, never as words of
@@ -662,69 +661,3 @@ class FencedNotes:
     async def get(self, key: str) -> str | None:
         async with self.db.connection() as conn:
             return await runs.get_note(conn, self.session_id, key)
-
-
-class DeltaPublisher:
-    """Sends `message_delta` frames, coalesced to one NOTIFY per 50 ms: a NOTIFY per token would
-    take PostgreSQL's notify lock far more often than live viewers need. Text waits at most
-    those 50 ms, whether or not more tokens follow (a stalled stream holds nothing back)."""
-
-    def __init__(self, db: Database, row: dict[str, Any]) -> None:
-        self.db = db
-        self.row = row
-        self.pending: list[str] = []
-        # The first text waits a window too: a turn shorter than that sends its text with
-        # the message that ends it (`Run.defer_deltas`), not in a NOTIFY of its own.
-        self.last_flush = time.monotonic()
-        self.timer: asyncio.Task[None] | None = None
-        self.sending = asyncio.Lock()  # frames leave in the order their text came
-
-    def add(self, text: str) -> None:
-        self.pending.append(text)
-        if self.timer is None:
-            wait = max(0.0, self.last_flush + DELTA_FLUSH_SECONDS - time.monotonic())
-            self.timer = asyncio.create_task(self._flush_after(wait))
-
-    async def _flush_after(self, wait: float) -> None:
-        await asyncio.sleep(wait)
-        self.timer = None
-        await self.flush()
-
-    async def stop(self) -> str | None:
-        """Stop the timer, let a send in flight finish, and hand over the frame of the text
-        not sent yet (None if there is none), for the caller to send."""
-        if self.timer is not None:
-            self.timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.timer
-            self.timer = None
-        async with self.sending:
-            return self.take()
-
-    def take(self) -> str | None:
-        """The frame of the pending text, which is no longer pending."""
-        if not self.pending:
-            return None
-        text, self.pending = "".join(self.pending), []
-        return json.dumps(
-            {
-                "type": "message_delta",
-                "sessionId": str(self.row["id"]),
-                "ownerId": self.row["owner_id"],
-                "ts": rfc3339(datetime.now(UTC)),
-                "data": {"text": text},
-            },
-            separators=(",", ":"),
-        )
-
-    async def flush(self) -> None:
-        async with self.sending:
-            body = self.take()
-            if body is None:
-                return
-            self.last_flush = time.monotonic()
-            try:
-                async with self.db.connection() as conn:
-                    await publish_ephemeral(conn, session_key(self.row["id"]), body)
-            except Exception as exc:  # deltas are best effort; the durable message follows
-                log.debug("delta not sent: %s", exc)

@@ -19,6 +19,7 @@ from app.bus import Bus
 from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Database
 from app.domain import Status
+from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
@@ -80,6 +81,7 @@ class Worker:
             ),
             max_event_bytes=settings.max_event_bytes,
             read_page_bytes=settings.transcript_page_bytes,
+            deltas=DeltaHub(db),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.

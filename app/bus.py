@@ -109,7 +109,8 @@ class Bus:
         while True:
             async for note in conn.notifies(timeout=self.probe_interval):
                 NOTIFICATIONS.inc()
-                key, _, body = note.payload.partition(EPHEMERAL_SEPARATOR)
-                self._wake(key, body or None)
+                for line in note.payload.split("\n"):
+                    key, _, body = line.partition(EPHEMERAL_SEPARATOR)
+                    self._wake(key, body or None)
             # A dead server is not always noticed by a blocked read: probe it.
             await conn.execute("SELECT 1")

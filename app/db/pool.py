@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,6 +34,18 @@ class _Pool(AsyncConnectionPool[Connection]):
             # The pool doubles `delay` after this attempt fails: keep the result under the cap.
             attempt.delay = min(attempt.delay, MAX_RECONNECT_DELAY / attempt.DELAY_BACKOFF)
         await super()._add_connection(attempt, growing=growing)
+
+
+async def check_idle_connection(conn: Connection) -> None:
+    """The pool's check on checkout, without a round trip for a healthy connection: a server
+    that closed it (a restart, an idle timeout) has left its goodbye or EOF on the socket, so
+    only a connection with something to read is asked (and fails, and is replaced). Asking
+    every connection cost a round trip per checkout: a third of a session's statements."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,7 @@ class Database:
             kwargs=connect,
             # A restarted server leaves dead connections in the pool: check each one on
             # checkout so the first request after a restart already succeeds.
-            check=AsyncConnectionPool.check_connection,
+            check=check_idle_connection,
             reconnect_timeout=float("inf"),
             name="ferryman",
         )

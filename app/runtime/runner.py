@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
-import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
@@ -41,13 +40,14 @@ from app.agent.models import (
 from app.agent.models.base import FAULT_CODES, UNAVAILABLE_CODE
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
-from app.db.pool import Database
-from app.domain import OwnerEventType, SessionEventType, Status, rfc3339
+from app.db.pool import Connection, Database
+from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
+from app.runtime.deltas import DeltaHub
 from app.store import events as event_store
 from app.store import runs
 from app.store.events import Fence
-from app.store.notify import publish_ephemeral, session_key
+from app.store.notify import publish_ephemerals, session_key
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,6 @@ MODEL_RETRIES = Counter("ferryman_model_retries_total", "Model calls retried, by
 MODEL_TOKENS = Counter(
     "ferryman_model_tokens", "Tokens reported by model providers", ["model", "kind"]
 )
-DELTA_FLUSH_SECONDS = 0.05
 
 
 class RunAborted(Exception):
@@ -85,6 +84,8 @@ class RunContext:
     # events one read of the log may return (FERRYMAN_TRANSCRIPT_PAGE_BYTES).
     max_event_bytes: int
     read_page_bytes: int
+    # The worker's token deltas, sent together.
+    deltas: DeltaHub
 
 
 @dataclass
@@ -104,6 +105,13 @@ class Run:
     awaiting: list[ToolCall] = field(default_factory=list)
     # The tools this session may use, by name.
     tools: dict[str, Tool] = field(default_factory=dict)
+    # Writes that need not be durable before the run's next step that waits or acts (a model
+    # call, a tool): they go with the next transaction, so a turn costs one commit, not one
+    # per event. Every path from a write to such a step passes `write()` or `flush()`.
+    deferred: list[Callable[[Connection], Awaitable[object]]] = field(default_factory=list)
+    # Whether a message or an approval decision may have been logged since the run last read
+    # its log (the inbox notification; `ended` sets it too, for one that was lost).
+    inbox: bool = False
 
     @property
     def session_id(self) -> UUID:
@@ -141,21 +149,42 @@ class Run:
 
     # --- durable writes -------------------------------------------------------------------
 
-    async def append(self, type_: str, data: dict[str, Any]) -> int:
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[Connection]:
+        """A transaction of the run's, which first makes the deferred writes."""
         async with self.ctx.db.transaction() as conn:
+            for deferred in self.deferred:
+                await deferred(conn)
+            yield conn
+        self.deferred.clear()
+
+    def defer(self, type_: str, data: dict[str, Any]) -> None:
+        """Log an event with the run's next transaction."""
+        self.deferred.append(
+            lambda conn: runs.append(conn, self.fence, self.session_id, type_, data)
+        )
+
+    async def flush(self) -> None:
+        if self.deferred:
+            async with self.write():
+                pass
+
+    async def append(self, type_: str, data: dict[str, Any]) -> int:
+        async with self.write() as conn:
             event = await runs.append(conn, self.fence, self.session_id, type_, data)
         return int(event["seq"])
 
     async def finish(self, status: Status, **details: Any) -> bool:
         """End the run; False when a follow-up arrived that the model has not seen yet: the
         run goes on to answer it instead."""
-        async with self.ctx.db.transaction() as conn:
+        async with self.write() as conn:
             settled = await runs.finish(conn, self.fence, self.row, status, **details)
         return self.ended(settled)
 
     def ended(self, settled: Status | None) -> bool:
         if settled is None:
             log.info("run goes on: a follow-up arrived", extra={"session": str(self.session_id)})
+            self.inbox = True
             return False
         RUNS.labels(str(settled)).inc()
         log.info("run ended", extra={"session": str(self.session_id), "status": str(settled)})
@@ -188,9 +217,13 @@ class Run:
         messages: list[Message] = []
         started: set[str] = set()
         last_run_event: dict[str, Any] | None = None  # tells whether and how a run ended
-        async with self.ctx.db.connection() as conn:
+        # One transaction reads the log and writes the run's start: a claim costs two commits.
+        async with self.write() as conn:
+            cancelled, last_seq = await runs.run_head(conn, self.session_id)
+            if cancelled:  # before the worker listened for it
+                self.abort("cancelled")
             async for rows in event_store.session_event_pages(
-                conn, self.session_id, limit=1000, max_bytes=self.ctx.read_page_bytes
+                conn, self.session_id, last_seq, limit=1000, max_bytes=self.ctx.read_page_bytes
             ):
                 messages.extend(conversation_from_events(rows))
                 for row in rows:
@@ -200,18 +233,17 @@ class Run:
                     if row["type"] in _RUN_EVENTS:
                         last_run_event = row
                 self.read_seq = int(rows[-1]["seq"])
-        history = undelivered_last(messages, self.row["delivered_seq"])
-        plan = plan_resume(
-            history,
-            self.ctx.registry.turn_enders(),
-            approvals=self.approvals,
-            started=started,
-        )
-        self.conversation = list(plan.conversation)
-        self.awaiting = list(plan.awaiting)
-        self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
-        self.not_rerun = self.interrupted_side_effects(plan)
-        async with self.ctx.db.transaction() as conn:
+            history = undelivered_last(messages, self.row["delivered_seq"])
+            plan = plan_resume(
+                history,
+                self.ctx.registry.turn_enders(),
+                approvals=self.approvals,
+                started=started,
+            )
+            self.conversation = list(plan.conversation)
+            self.awaiting = list(plan.awaiting)
+            self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
+            self.not_rerun = self.interrupted_side_effects(plan)
             for repair in plan.repairs:
                 await runs.append(conn, self.fence, self.session_id, "tool_result", repair.wire())
             run_info = {
@@ -263,6 +295,7 @@ class Run:
                     continue  # a follow-up or a decision came in as the run was to wait
             delivered = self.read_seq
             request = ModelRequest(tuple(self.conversation), specs, instructions, settings)
+            await self.flush()  # what the model is told is durable before it is asked
             try:
                 reply = bounded_reply(
                     await self.call_model(model, request), self.ctx.max_event_bytes
@@ -270,20 +303,8 @@ class Run:
             except ModelFault as fault:
                 await self.fail(fault, delivered)
                 return
-            async with self.ctx.db.transaction() as conn:
-                await runs.append(
-                    conn, self.fence, self.session_id, "assistant_message", reply.wire()
-                )
-                await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
-                if (usage := reply.usage) is not None:
-                    await runs.add_usage(
-                        conn,
-                        self.fence,
-                        self.session_id,
-                        usage.input_tokens,
-                        usage.output_tokens,
-                        usage.cached_tokens,
-                    )
+            # Logged with what the reply leads to: its tool calls' start, or the run's end.
+            self.deferred.append(functools.partial(self.log_reply, reply, delivered))
             self.count_tokens(reply.usage)
             self.conversation.append(reply)
             if reply.stop_reason == "error":
@@ -306,6 +327,19 @@ class Run:
             if ended:
                 return
 
+    async def log_reply(self, reply: AssistantMessage, delivered: int, conn: Connection) -> None:
+        await runs.append(conn, self.fence, self.session_id, "assistant_message", reply.wire())
+        await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
+        if (usage := reply.usage) is not None:
+            await runs.add_usage(
+                conn,
+                self.fence,
+                self.session_id,
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cached_tokens,
+            )
+
     def requires_approval(self, call: ToolCall) -> bool:
         tool = self.tools.get(call.name)
         if tool is None:
@@ -320,7 +354,7 @@ class Run:
             result = await self.call_tool(call, tool)
             self.conversation.append(result)
             if tool is not None and tool.ends_turn and not result.is_error:
-                await self.append("user_question", _question(call.arguments))
+                self.defer("user_question", _question(call.arguments))
                 asked = True
         return asked
 
@@ -329,7 +363,7 @@ class Run:
         answer the denied ones; True when the run ended (to wait for a person)."""
         settlement = settle(self.conversation, self.awaiting, self.approvals)
         for result in settlement.denied:
-            await self.append("tool_result", result.wire())
+            self.defer("tool_result", result.wire())
             self.conversation.append(result)
         asked = await self.run_calls(settlement.run)
         self.awaiting = list(settlement.pending)
@@ -343,7 +377,7 @@ class Run:
         """Ask for the approvals not asked for yet and end the run `waiting`, in one
         transaction, so a decision always finds the session waiting. False when a follow-up
         or a decision arrived meanwhile: the run goes on to take it."""
-        async with self.ctx.db.transaction() as conn:
+        async with self.write() as conn:
             for call in self.awaiting:
                 if call.id not in self.approvals:
                     request = {
@@ -363,6 +397,9 @@ class Run:
 
     async def take_new_events(self) -> None:
         """Take follow-ups (steering) and approval decisions logged since we last looked."""
+        if not self.inbox:
+            return
+        self.inbox = False  # before the read: a notification during it means another read
         async with self.ctx.db.connection() as conn:
             rows = await event_store.read_session_events(conn, self.session_id, self.read_seq, 1000)
         for row in rows:
@@ -402,16 +439,15 @@ class Run:
 
     async def stream_turn(self, model: Model, request: ModelRequest) -> AssistantMessage:
         streamed: list[str] = []
-        publisher = DeltaPublisher(self.ctx.db, self.row)
 
         async def on_delta(text: str) -> None:
             streamed.append(text)
-            publisher.add(text)
+            self.ctx.deltas.add(self.session_id, self.row["owner_id"], text)
 
         try:
             return await self.interruptible(model.complete(request, on_delta))
         except RunAborted as aborted:
-            await publisher.close()
+            await self.defer_deltas()
             if aborted.reason == "cancelled":
                 # Keep what the user already saw, marked aborted (resume planning drops it).
                 partial = AssistantMessage("".join(streamed), (), "aborted")
@@ -423,7 +459,16 @@ class Run:
             log.exception("model failed", extra={"session": str(self.session_id)})
             raise ModelFault("internal", f"the model failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            await publisher.close()
+            await self.defer_deltas()
+
+    async def defer_deltas(self) -> None:
+        """The turn's text not sent yet goes out with the run's next transaction, before the
+        event that ends the turn: deltas still precede their message, and a short turn costs
+        no NOTIFY of its own."""
+        body = await self.ctx.deltas.take(self.session_id)
+        if body is not None:
+            frames = [(session_key(self.session_id), body)]
+            self.deferred.append(functools.partial(publish_ephemerals, frames=frames))
 
     async def fail(self, fault: ModelFault, delivered: int) -> None:
         """End the run `failed` for a model fault: recorded as a failure, never as words of
@@ -433,7 +478,7 @@ class Run:
         if fault.retryable:
             code = UNAVAILABLE_CODE
             message = f"{message} (gave up after {self.ctx.retry.max_retries} retries)"
-        async with self.ctx.db.transaction() as conn:
+        async with self.write() as conn:
             await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
             settled = await runs.finish(
                 conn, self.fence, self.row, Status.FAILED, error={"code": code, "message": message}
@@ -450,7 +495,7 @@ class Run:
 
     async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         self.check()
-        async with self.ctx.db.transaction() as conn:
+        async with self.write() as conn:  # durable before the tool runs
             await runs.append(
                 conn,
                 self.fence,
@@ -464,10 +509,10 @@ class Run:
         except RunAborted as aborted:
             if aborted.reason == "cancelled":
                 cancelled = ToolResult(call.id, call.name, "cancelled by the user", True, True)
-                await self.append("tool_result", cancelled.wire())
+                self.defer("tool_result", cancelled.wire())  # with the run's end
             raise
-        await self.append("tool_result", result.wire())
-        return result
+        self.defer("tool_result", result.wire())  # with the next tool's start, or before the
+        return result  # next model call
 
     def interrupted_side_effects(self, plan: ResumePlan) -> set[tuple[str, str]]:
         repaired = set(plan.repaired_tool_calls)
@@ -537,7 +582,7 @@ class Run:
             if reason == "cancelled":
                 await self.finish(Status.CANCELLED)
             elif reason == "shutdown":
-                async with self.ctx.db.transaction() as conn:
+                async with self.write() as conn:
                     await runs.release(conn, self.fence, self.row, "shutdown")
             elif reason == "lease_lost":
                 self.log_lease_lost()
@@ -616,59 +661,3 @@ class FencedNotes:
     async def get(self, key: str) -> str | None:
         async with self.db.connection() as conn:
             return await runs.get_note(conn, self.session_id, key)
-
-
-class DeltaPublisher:
-    """Sends `message_delta` frames, coalesced to one NOTIFY per 50 ms: a NOTIFY per token would
-    take PostgreSQL's notify lock far more often than live viewers need. Text waits at most
-    those 50 ms, whether or not more tokens follow (a stalled stream holds nothing back)."""
-
-    def __init__(self, db: Database, row: dict[str, Any]) -> None:
-        self.db = db
-        self.row = row
-        self.pending: list[str] = []
-        self.last_flush = 0.0
-        self.timer: asyncio.Task[None] | None = None
-        self.sending = asyncio.Lock()  # frames leave in the order their text came
-
-    def add(self, text: str) -> None:
-        self.pending.append(text)
-        if self.timer is None:
-            wait = max(0.0, self.last_flush + DELTA_FLUSH_SECONDS - time.monotonic())
-            self.timer = asyncio.create_task(self._flush_after(wait))
-
-    async def _flush_after(self, wait: float) -> None:
-        await asyncio.sleep(wait)
-        self.timer = None
-        await self.flush()
-
-    async def close(self) -> None:
-        """Send what is pending now and stop the timer."""
-        if self.timer is not None:
-            self.timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.timer
-            self.timer = None
-        await self.flush()
-
-    async def flush(self) -> None:
-        async with self.sending:
-            if not self.pending:
-                return
-            text, self.pending = "".join(self.pending), []
-            self.last_flush = time.monotonic()
-            body = json.dumps(
-                {
-                    "type": "message_delta",
-                    "sessionId": str(self.row["id"]),
-                    "ownerId": self.row["owner_id"],
-                    "ts": rfc3339(datetime.now(UTC)),
-                    "data": {"text": text},
-                },
-                separators=(",", ":"),
-            )
-            try:
-                async with self.db.connection() as conn:
-                    await publish_ephemeral(conn, session_key(self.row["id"]), body)
-            except Exception as exc:  # deltas are best effort; the durable message follows
-                log.debug("delta not sent: %s", exc)

@@ -19,13 +19,14 @@ from app.bus import Bus
 from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Database
 from app.domain import Status
+from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
 from app.store import runs
 from app.store import tools as tool_store
 from app.store.events import Fence
-from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key
+from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key, inbox_key
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Worker:
             ),
             max_event_bytes=settings.max_event_bytes,
             read_page_bytes=settings.transcript_page_bytes,
+            deltas=DeltaHub(db),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.
@@ -263,9 +265,16 @@ class Worker:
             self.tasks.add(check)
             check.add_done_callback(self.tasks.discard)
 
+        def on_inbox(_: str | None) -> None:
+            run.inbox = True
+
         try:
-            with self.bus.subscribe(cancel_key(run.session_id), on_cancel):
-                on_cancel(None)  # a cancel that came between the claim and the subscription
+            # A cancel that came between the claim and these subscriptions: the run's first
+            # transaction reads it.
+            with (
+                self.bus.subscribe(cancel_key(run.session_id), on_cancel),
+                self.bus.subscribe(inbox_key(run.session_id), on_inbox),
+            ):
                 await run.execute()
         except UNAVAILABLE_ERRORS as exc:
             # The database went away mid-run: the run stops here. Its lease runs out (or the

@@ -138,10 +138,12 @@ async def read_session_events(
 
 
 async def session_event_pages(
-    conn: Connection, session_id: UUID, *, limit: int, max_bytes: int, after: int = 0
+    conn: Connection, session_id: UUID, last_seq: int, *, limit: int, max_bytes: int
 ) -> AsyncIterator[list[dict[str, Any]]]:
-    """A session's whole log, page by page (each bounded as `read_session_events` bounds it)."""
-    while True:
+    """A session's log up to `last_seq`, page by page (each bounded as `read_session_events`
+    bounds it); the caller read `last_seq` in the same transaction, so no read finds nothing."""
+    after = 0
+    while after < last_seq:
         rows = await read_session_events(conn, session_id, after, limit, max_bytes)
         if not rows:
             return

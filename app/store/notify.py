@@ -14,7 +14,8 @@ WORK_KEY = "work"
 WORKERS_KEY = "workers"
 
 
-# `key|body`: an ephemeral frame (e.g. `message_delta`) riding on the notification itself.
+# `key|body`: an ephemeral frame (e.g. `message_delta`) riding on the notification itself; a
+# payload may carry several, one per line.
 EPHEMERAL_SEPARATOR = "|"
 # NOTIFY payloads must stay under 8000 bytes.
 MAX_EPHEMERAL_BYTES = 7000
@@ -28,16 +29,41 @@ def session_key(session_id: UUID | str) -> str:
     return f"s:{session_id}"
 
 
+def inbox_key(session_id: UUID | str) -> str:
+    """Wakes the lease holder of a session that was sent a message or an approval decision:
+    it reads its log for them only when told (its finish still checks, in case a
+    notification is lost)."""
+    return f"i:{session_id}"
+
+
 def cancel_key(session_id: UUID | str) -> str:
     """Wakes the lease holder of a session whose cancellation was requested."""
     return f"c:{session_id}"
 
 
-async def publish_ephemeral(conn: Connection, key: str, body: str) -> None:
-    """Send a frame that is not logged (token deltas): best effort, lost if no one listens."""
-    payload = f"{key}{EPHEMERAL_SEPARATOR}{body}"
-    if len(payload.encode()) <= MAX_EPHEMERAL_BYTES:
-        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) -> None:
+    """Send frames that are not logged (token deltas), `(key, body)` each, in one statement:
+    as few payloads as fit them, one `key|body` line per frame (a body is one-line JSON). Best
+    effort: lost if no one listens; a frame bigger than a payload is not sent."""
+    payloads: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for key, body in frames:
+        line = f"{key}{EPHEMERAL_SEPARATOR}{body}"
+        length = len(line.encode()) + 1
+        if length > MAX_EPHEMERAL_BYTES:
+            continue
+        if size + length > MAX_EPHEMERAL_BYTES:
+            payloads.append("\n".join(lines))
+            lines, size = [], 0
+        lines.append(line)
+        size += length
+    if lines:
+        payloads.append("\n".join(lines))
+    if payloads:
+        await conn.execute(
+            "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload", (CHANNEL, payloads)
+        )
 
 
 async def notify(conn: Connection, key: str) -> None:

@@ -347,6 +347,17 @@ async def cancel_requested(conn: Connection, session_id: UUID) -> bool:
     return bool(row and row["c"])
 
 
+async def run_head(conn: Connection, session_id: UUID) -> tuple[bool, int]:
+    """(whether a cancel was requested, the last seq): what a run reads before its log."""
+    cur = await conn.execute(
+        "SELECT cancel_requested_at IS NOT NULL AS cancel, last_seq FROM sessions WHERE id = %s",
+        (session_id,),
+    )
+    row = await cur.fetchone()
+    assert row is not None  # the run holds the lease: the row is there
+    return bool(row["cancel"]), int(row["last_seq"])
+
+
 async def put_note(conn: Connection, fence: Fence, session_id: UUID, key: str, text: str) -> None:
     """Upsert a note, fenced: the session row is share-locked and checked in the statement."""
     cur = await conn.execute(

@@ -30,7 +30,7 @@ from app.errors import (
     SessionNotFound,
 )
 from app.store.events import append_owner_event, append_session_event
-from app.store.notify import WORK_KEY, cancel_key, notify, session_key
+from app.store.notify import WORK_KEY, cancel_key, inbox_key, notify, session_key
 
 SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -305,6 +305,8 @@ async def post_message(
     if status in REQUEUEABLE:
         await set_status(conn, row, Status.QUEUED, extra_sets=", cancel_requested_at = NULL")
         await notify(conn, WORK_KEY)
+    else:
+        await notify(conn, inbox_key(session_id))
     return event, delivery
 
 
@@ -348,6 +350,8 @@ async def decide_approval(
     if status == Status.WAITING:
         row = await set_status(conn, row, Status.QUEUED)
         await notify(conn, WORK_KEY)
+    else:
+        await notify(conn, inbox_key(session_id))
     return event, row
 
 

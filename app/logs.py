@@ -24,7 +24,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_color_message],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
@@ -50,3 +50,12 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=True,
     )
+
+
+def _drop_color_message(
+    _: object, __: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """uvicorn passes its message again, with terminal colours, as `extra={"color_message": ...}`:
+    the message is there already."""
+    event.pop("color_message", None)
+    return event

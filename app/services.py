@@ -6,7 +6,7 @@ import asyncio
 import gc
 from dataclasses import dataclass, field
 
-from app.agent.tools import ToolRegistry
+from app.agent.tools import ToolRegistry, default_registry
 from app.bus import Bus
 from app.config import Settings
 from app.db.pool import Database, SessionLimits
@@ -68,7 +68,7 @@ class Services:
         """The built-in and plug-in tools this process loads (MCP servers' tools come only
         from workers, which hold their connections)."""
         if self._local_tools is None:
-            self._local_tools = ToolRegistry.default(self.settings.tool_module_specs())
+            self._local_tools = default_registry(self.settings.tool_module_specs())
         return self._local_tools
 
     async def start(self) -> None:

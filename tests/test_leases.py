@@ -156,6 +156,7 @@ async def test_sigterm_hands_the_session_over_at_once(
         assert resumed["data"]["pid"] == worker_b.pid
         assert attempt_of(resumed) == 2
         assert resumed["data"]["repairedToolCalls"] == [call["data"]["toolCallId"]]
+        assert resumed["data"]["reason"] == "shutdown"  # a deploy, not a crash
         session = (await http.get(f"/api/agent/{sid}")).json()
         assert session["status"] == "running"
         assert session["lease"]["pid"] == worker_b.pid

@@ -416,6 +416,16 @@ def test_resume_reason(types: tuple[str, ...], expected: str) -> None:
     assert resume_reason(rows(*types)) == expected
 
 
+def test_a_handover_on_shutdown_is_not_a_crash() -> None:
+    handed_over = [*rows("user_message", "session_start"), _interrupted("shutdown")]
+    assert resume_reason(handed_over) == "shutdown"
+    assert resume_reason([*handed_over, *rows("tool_call_start")]) == "crash"
+
+
+def _interrupted(reason: str) -> dict[str, Any]:
+    return {"type": "session_interrupted", "data": {"reason": reason}}
+
+
 # --- property tests over generated transcripts ----------------------------------------------
 
 TOOL_NAMES = ["sleep", "put_note", "get_note", "ask_user", "custom"]

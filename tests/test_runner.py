@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.agent.tools import Tool, ToolContext, ToolRegistry
+from app.agent.tools import Tool, ToolContext, ToolRegistry, default_registry
 from app.agent.tools.builtin import BUILTIN_TOOLS
 from tests.support import (
     TERMINAL,
@@ -599,7 +599,7 @@ def test_tool_registry() -> None:
 
 
 def test_default_registry_has_builtins_and_ends_turn_only_for_ask_user() -> None:
-    registry = ToolRegistry.default()
+    registry = default_registry()
     for name in ("sleep", "put_note", "get_note", "ask_user"):
         assert registry.get(name) is not None
     assert [t.name for t in registry.select(None) if t.ends_turn] == ["ask_user"]

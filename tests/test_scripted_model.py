@@ -23,7 +23,7 @@ from app.agent.conversation import (
 from app.agent.models import ModelFault, ModelRequest, ProviderConfig, Providers
 from app.agent.models.scripted import ScriptedModel, split_chunks
 from app.agent.resume import interrupted_result, plan_resume
-from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
+from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, default_registry
 from app.agent.tools.builtin import ASK_USER_CONTENT, BUILTIN_TOOLS, MAX_SLEEP_SECONDS
 
 # --- helpers --------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ def test_registry_refuses_a_name_twice() -> None:
 
 
 def test_default_registry_has_the_builtins() -> None:
-    registry = ToolRegistry.default()
+    registry = default_registry()
     assert {"sleep", "put_note", "get_note", "ask_user"} <= set(registry.names())
     assert registry.get("sleep") is BUILTIN_TOOLS[0]
 

@@ -113,10 +113,10 @@ def _check_tool_modules(settings: Settings) -> None:
     malformed = [spec for spec in specs if not all(spec.partition(":")[::2])]
     if malformed:
         raise StartupFailure(f"{what}: {', '.join(malformed)} is not module:attribute; {todo}")
-    from app.agent.tools import ToolRegistry
+    from app.agent.tools import default_registry
 
     try:
-        ToolRegistry.default(specs)
+        default_registry(specs)
     except Exception as exc:  # a plug-in's import may raise anything
         reason = f"{type(exc).__name__}: {one_line(exc)}"
         raise StartupFailure(f"{what} cannot be loaded ({reason}); {todo}") from exc

@@ -632,12 +632,15 @@ def undelivered_last(history: list[Message], delivered_seq: int) -> list[Message
     return [m for m in history if not any(m is x for x in late)] + late
 
 
-def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "follow_up"]:
+def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "shutdown", "follow_up"]:
     """`follow_up` when the previous run closed with `session_end` (a message re-queued the
-    session); `crash` when it stopped without one."""
+    session); `shutdown` when its worker handed it over (`session_interrupted {shutdown}`);
+    `crash` when it stopped without either."""
     for row in reversed(rows):
         if row["type"] == "session_end":
             return "follow_up"
+        if row["type"] == "session_interrupted" and row["data"].get("reason") == "shutdown":
+            return "shutdown"
         if row["type"] in _RUN_EVENTS:
             return "crash"
     return "crash"

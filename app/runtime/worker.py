@@ -12,7 +12,7 @@ from uuid import UUID
 from pydantic import SecretStr
 
 from app.agent.models import ProviderConfig, Providers, RetryPolicy
-from app.agent.tools import ToolRegistry
+from app.agent.tools import ToolRegistry, default_registry
 from app.agent.tools.mcp import McpServer, load_config
 from app.backoff import Outage
 from app.bus import Bus
@@ -69,7 +69,7 @@ class Worker:
         self.concurrency = concurrency or settings.worker_concurrency
         self.context = RunContext(
             db=db,
-            registry=registry or ToolRegistry.default(settings.tool_module_specs()),
+            registry=registry or default_registry(settings.tool_module_specs()),
             worker_id=self.id,
             pid=os.getpid(),
             tool_timeout=settings.tool_timeout,

@@ -134,12 +134,10 @@ class ToolRegistry:
             self.register(tool)
 
     @classmethod
-    def default(cls, modules: Iterable[str] = ()) -> ToolRegistry:
-        """Built-ins, the `ferryman.tools` entry points, and `module:attribute` specs
+    def with_plugins(cls, tools: Iterable[Tool], modules: Iterable[str] = ()) -> ToolRegistry:
+        """`tools`, the `ferryman.tools` entry points, and `module:attribute` specs
         (FERRYMAN_TOOL_MODULES) for tools that are not packaged."""
-        from app.agent.tools.builtin import BUILTIN_TOOLS
-
-        registry = cls(BUILTIN_TOOLS)
+        registry = cls(tools)
         for entry in entry_points(group=ENTRY_POINT_GROUP):
             try:
                 registry.register_all(entry.load())

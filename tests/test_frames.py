@@ -16,7 +16,11 @@ from app.errors import InvalidCursor
 from app.streams.frames import (
     MAX_CURSOR,
     PING,
+    Ephemeral,
+    Event,
     control,
+    ephemeral_frame,
+    in_order,
     owner_event,
     parse_cursor,
     resync_reason,
@@ -374,3 +378,31 @@ def test_frame_roundtrip(id_: int, type_: str, payload: dict[str, str]) -> None:
     decoded = json.loads(body)
     assert decoded["data"] == payload
     assert decoded["id"] == str(id_)
+
+
+def _event(id_: int) -> Event:
+    return Event.of(id_, "tool_result", {"id": str(id_), "type": "tool_result", "data": {}})
+
+
+def _delta(after: int, text: str) -> Ephemeral:
+    body = json.dumps({"type": "message_delta", "afterSeq": after, "data": {"text": text}})
+    return ephemeral_frame(body)
+
+
+def test_a_delta_goes_right_after_the_event_it_follows() -> None:
+    """A delta's notification can arrive before the event it follows is read from the log (the
+    text of the turn after a tool result): it waits for that event, and goes before the next."""
+    deltas = [_delta(5, "a"), _delta(5, "b"), _delta(6, "c")]
+    frames, taken, sent, cursor = in_order(deltas, [_event(5)], cursor=4)
+    assert (taken, sent, cursor) == (2, 1, 5)
+    assert [f.count(b"id: ") for f in frames] == [1, 0, 0]  # the event, then "a" and "b"
+    frames, taken, sent, cursor = in_order(deltas[2:], [_event(6), _event(7)], cursor=5)
+    assert (taken, sent, cursor) == (1, 2, 7)
+    assert b'"c"' in frames[1] and b"id: 7" in frames[2]
+
+
+def test_a_delta_waits_for_an_event_not_read_yet() -> None:
+    frames, taken, sent, cursor = in_order([_delta(9, "x")], [], cursor=8)
+    assert (frames, taken, sent, cursor) == ([], 0, 0, 8)
+    old = ephemeral_frame('{"type":"message_delta","data":{"text":"y"}}')  # no afterSeq
+    assert in_order([old], [], cursor=0)[1] == 1

@@ -94,7 +94,7 @@ def test_frames_carry_utf8_not_escapes() -> None:
 def test_an_ephemeral_lone_surrogate_stays_an_escape() -> None:
     """JSON text from a NOTIFY payload may hold a lone surrogate, which UTF-8 cannot carry: it
     goes out as the escape it came in as, and the frame still decodes to the same text."""
-    frame = ephemeral_frame('{"type":"message_delta","data":{"text":"a\\ud800b\U0001f600"}}')
+    frame = ephemeral_frame('{"type":"message_delta","data":{"text":"a\\ud800b\U0001f600"}}').frame
     assert b"\\ud800" in frame and EMOJI.encode() in frame
     body = frame.decode().split("data: ", 1)[1]
     assert json.loads(body)["data"]["text"] == "a\ud800b" + EMOJI
@@ -172,7 +172,7 @@ async def test_feed_hands_out_a_write_at_a_time_and_evicts_by_bytes() -> None:
     for n in range(50):
         feed.wake(json.dumps({"type": "message_delta", "data": {"text": str(n) * 40}}))
     deltas, seen = feed.ephemeral_since(0)
-    assert sum(len(d) for d in deltas) <= WRITE_BYTES
+    assert sum(d.size for d in deltas) <= WRITE_BYTES
     assert feed.ephemeral.bytes <= WRITE_BYTES and seen == 50
     feed.close()
     assert feed.buffer.bytes == 0 and feed.ephemeral.bytes == 0

@@ -222,6 +222,10 @@ class MessageDelta(Envelope):
     """Ephemeral: streamed text of the turn in progress; no `id:`, never in the transcript."""
 
     type: Literal["message_delta"]
+    afterSeq: int = Field(
+        description="The seq of the durable event this text follows: it comes after that "
+        "event and before the next (a turn's text, after its tool results)."
+    )
     data: MessageDeltaData
 
 

@@ -29,19 +29,21 @@ FLUSH_SECONDS = 0.05
 @dataclass
 class _Pending:
     owner_id: str
+    after_seq: int
     texts: list[str] = field(default_factory=list)
 
-
-def delta_frame(session_id: UUID, owner_id: str, text: str) -> str:
-    """The ephemeral `message_delta` envelope of `text`."""
-    envelope = {
-        "type": "message_delta",
-        "sessionId": str(session_id),
-        "ownerId": owner_id,
-        "ts": rfc3339(datetime.now(UTC)),
-        "data": {"text": text},
-    }
-    return json.dumps(envelope, separators=(",", ":"))
+    def frame(self, session_id: UUID) -> str:
+        """The ephemeral `message_delta` envelope of the text. `afterSeq` is the last event its
+        run wrote before it: streams send it after that event and before the next."""
+        envelope = {
+            "type": "message_delta",
+            "sessionId": str(session_id),
+            "ownerId": self.owner_id,
+            "ts": rfc3339(datetime.now(UTC)),
+            "afterSeq": self.after_seq,
+            "data": {"text": "".join(self.texts)},
+        }
+        return json.dumps(envelope, separators=(",", ":"))
 
 
 class DeltaHub:
@@ -56,8 +58,10 @@ class DeltaHub:
         self.timer: asyncio.Task[None] | None = None
         self.sending = asyncio.Lock()
 
-    def add(self, session_id: UUID, owner_id: str, text: str) -> None:
-        self.pending.setdefault(session_id, _Pending(owner_id)).texts.append(text)
+    def add(self, session_id: UUID, owner_id: str, text: str, after_seq: int) -> None:
+        entry = self.pending.setdefault(session_id, _Pending(owner_id, after_seq))
+        entry.after_seq = after_seq
+        entry.texts.append(text)
         if self.timer is None:
             # At least one interval after the last send: a turn shorter than that sends its
             # text with the message that ends it, not in a NOTIFY.
@@ -69,9 +73,7 @@ class DeltaHub:
         flight has left: the caller sends it after everything sent before."""
         async with self.sending:
             entry = self.pending.pop(session_id, None)
-        if entry is None:
-            return None
-        return delta_frame(session_id, entry.owner_id, "".join(entry.texts))
+        return None if entry is None else entry.frame(session_id)
 
     async def close(self) -> None:
         if self.timer is not None:
@@ -91,13 +93,7 @@ class DeltaHub:
                 return
             batch, self.pending = self.pending, {}
             self.last_flush = time.monotonic()
-            frames = [
-                (
-                    session_key(session_id),
-                    delta_frame(session_id, entry.owner_id, "".join(entry.texts)),
-                )
-                for session_id, entry in batch.items()
-            ]
+            frames = [(session_key(sid), entry.frame(sid)) for sid, entry in batch.items()]
             try:
                 async with self.db.connection() as conn:
                     await publish_ephemerals(conn, frames)

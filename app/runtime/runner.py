@@ -112,6 +112,10 @@ class Run:
     # Whether a message or an approval decision may have been logged since the run last read
     # its log (the inbox notification; `ended` sets it too, for one that was lost).
     inbox: bool = False
+    # The seq of the last event the run wrote (committed), and of the transaction under way:
+    # a token delta says which event it follows (`afterSeq`), so streams keep them in order.
+    written_seq: int = 0
+    logging_seq: int = 0
 
     @property
     def session_id(self) -> UUID:
@@ -152,17 +156,23 @@ class Run:
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[Connection]:
         """A transaction of the run's, which first makes the deferred writes."""
+        self.logging_seq = self.written_seq
         async with self.ctx.db.transaction() as conn:
             for deferred in self.deferred:
                 await deferred(conn)
             yield conn
         self.deferred.clear()
+        self.written_seq = self.logging_seq
+
+    async def log(self, conn: Connection, type_: str, data: dict[str, Any]) -> dict[str, Any]:
+        """Append an event of the run's (fenced); its seq counts once the transaction commits."""
+        event = await runs.append(conn, self.fence, self.session_id, type_, data)
+        self.logging_seq = max(self.logging_seq, int(event["seq"]))
+        return event
 
     def defer(self, type_: str, data: dict[str, Any]) -> None:
         """Log an event with the run's next transaction."""
-        self.deferred.append(
-            lambda conn: runs.append(conn, self.fence, self.session_id, type_, data)
-        )
+        self.deferred.append(lambda conn: self.log(conn, type_, data))
 
     async def flush(self) -> None:
         if self.deferred:
@@ -171,7 +181,7 @@ class Run:
 
     async def append(self, type_: str, data: dict[str, Any]) -> int:
         async with self.write() as conn:
-            event = await runs.append(conn, self.fence, self.session_id, type_, data)
+            event = await self.log(conn, type_, data)
         return int(event["seq"])
 
     async def finish(self, status: Status, **details: Any) -> bool:
@@ -245,16 +255,14 @@ class Run:
             self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
             self.not_rerun = self.interrupted_side_effects(plan)
             for repair in plan.repairs:
-                await runs.append(conn, self.fence, self.session_id, "tool_result", repair.wire())
+                await self.log(conn, "tool_result", repair.wire())
             run_info = {
                 "workerId": self.ctx.worker_id,
                 "pid": self.ctx.pid,
                 "attempt": self.row["attempt"],
             }
             if last_run_event is None:
-                await runs.append(
-                    conn, self.fence, self.session_id, SessionEventType.SESSION_START, run_info
-                )
+                await self.log(conn, SessionEventType.SESSION_START, run_info)
             else:
                 reason = resume_reason([last_run_event])
                 resumed = {
@@ -263,9 +271,7 @@ class Run:
                     "transcriptMessages": len(self.conversation),
                     "repairedToolCalls": plan.repaired_tool_calls,
                 }
-                await runs.append(
-                    conn, self.fence, self.session_id, SessionEventType.SESSION_RESUMED, resumed
-                )
+                await self.log(conn, SessionEventType.SESSION_RESUMED, resumed)
                 await runs.announce(conn, self.row, OwnerEventType.SESSION_RESUMED, resumed)
                 RESUMES.labels(reason).inc()
                 REPAIRED.inc(len(plan.repairs))
@@ -328,7 +334,7 @@ class Run:
                 return
 
     async def log_reply(self, reply: AssistantMessage, delivered: int, conn: Connection) -> None:
-        await runs.append(conn, self.fence, self.session_id, "assistant_message", reply.wire())
+        await self.log(conn, "assistant_message", reply.wire())
         await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
         if (usage := reply.usage) is not None:
             await runs.add_usage(
@@ -385,9 +391,7 @@ class Run:
                         "name": call.name,
                         "arguments": call.arguments,
                     }
-                    await runs.append(
-                        conn, self.fence, self.session_id, "tool_approval_requested", request
-                    )
+                    await self.log(conn, "tool_approval_requested", request)
                     self.approvals[call.id] = Approval(call.id)
             # Everything read so far is taken: the decisions, and no message (one would have
             # denied what is pending).
@@ -442,7 +446,7 @@ class Run:
 
         async def on_delta(text: str) -> None:
             streamed.append(text)
-            self.ctx.deltas.add(self.session_id, self.row["owner_id"], text)
+            self.ctx.deltas.add(self.session_id, self.row["owner_id"], text, self.written_seq)
 
         try:
             return await self.interruptible(model.complete(request, on_delta))
@@ -496,10 +500,8 @@ class Run:
     async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         self.check()
         async with self.write() as conn:  # durable before the tool runs
-            await runs.append(
+            await self.log(
                 conn,
-                self.fence,
-                self.session_id,
                 "tool_call_start",
                 {"toolCallId": call.id, "name": call.name, "arguments": call.arguments},
             )

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from app.backoff import Backoff
 from app.bus import Bus
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.streams.frames import Event, ephemeral_frame
+from app.streams.frames import Ephemeral, Event, ephemeral_frame
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class Feed:
         # Ephemeral frames (token deltas): never logged, kept briefly for live subscribers. A
         # stream more than a write's worth behind loses the oldest: the durable
         # assistant_message carries the whole text.
-        self.ephemeral: Tail[bytes] = Tail(write_bytes)
+        self.ephemeral: Tail[Ephemeral] = Tail(write_bytes)
         self.ephemeral_count = 0
         self.task: asyncio.Task[None] | None = None
         self.subscription = contextlib.ExitStack()
@@ -156,10 +156,10 @@ class Feed:
             return
         self.ephemeral_count += 1
         frame = ephemeral_frame(ephemeral)
-        self.ephemeral.append(self.ephemeral_count, frame, len(frame))
+        self.ephemeral.append(self.ephemeral_count, frame, frame.size)
         self._announce()
 
-    def ephemeral_since(self, seen: int) -> tuple[list[bytes], int]:
+    def ephemeral_since(self, seen: int) -> tuple[list[Ephemeral], int]:
         """Ephemeral frames after number `seen` still in memory, a write's worth at most, and
         the number of the last one given."""
         return self.ephemeral.after(seen, self.write_bytes)

@@ -149,14 +149,50 @@ def _frame_head(event: str, id_: str | None) -> bytes:
     return f"{head}event: {event}\ndata: ".encode()
 
 
-def ephemeral_frame(body: str) -> bytes:
-    """A frame from an ephemeral notification body `{"type": ..., ...envelope}`: no `id:`."""
+@dataclass(frozen=True)
+class Ephemeral:
+    """A frame that is not logged (a token delta), and the id of the durable event it follows:
+    a stream sends it after that event and before the next one."""
+
+    after: int
+    frame: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.frame)
+
+
+def ephemeral_frame(body: str) -> Ephemeral:
+    """A frame from an ephemeral notification body `{"type": ..., "afterSeq": ...,
+    ...envelope}`: no `id:`."""
     try:
         envelope = json.loads(body)
         event = str(envelope["type"])
+        after = int(envelope.get("afterSeq", 0))
     except (ValueError, KeyError, TypeError):
-        return b""
-    return sse_frame(event, _json({**envelope, "phase": "live"}))
+        return Ephemeral(0, b"")
+    return Ephemeral(after, sse_frame(event, _json({**envelope, "phase": "live"})))
+
+
+def in_order(
+    deltas: list[Ephemeral], events: list[Event], cursor: int
+) -> tuple[list[bytes], int, int, int]:
+    """Frames of `deltas` and `events` (both in their order; events follow `cursor`) in one
+    order: each delta right after the event it follows. Stops at a delta whose event is not
+    among `events` yet. Returns (frames, deltas sent, events sent, the new cursor)."""
+    frames: list[bytes] = []
+    d = e = 0
+    while d < len(deltas) or e < len(events):
+        if d < len(deltas) and deltas[d].after <= cursor:
+            frames.append(deltas[d].frame)
+            d += 1
+        elif e < len(events):
+            frames.append(events[e].frame("live"))
+            cursor = events[e].id
+            e += 1
+        else:
+            break  # the next delta follows an event this stream has not read yet
+    return frames, d, e, cursor
 
 
 def control(event: str, data: dict[str, Any]) -> bytes:

@@ -15,7 +15,16 @@ from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import TooManyStreams
 from app.streams.feed import FeedHub, FeedSource, wait_changed
-from app.streams.frames import PING, ResyncReason, control, event_writes, retry
+from app.streams.frames import (
+    PING,
+    Ephemeral,
+    ResyncReason,
+    control,
+    event_writes,
+    in_order,
+    retry,
+    writes,
+)
 
 OPEN_STREAMS = Gauge("ferryman_sse_streams_open", "Open SSE streams", ["kind"])
 
@@ -118,16 +127,15 @@ async def event_stream(
             if not options.follow:
                 return
             ephemeral_seen = feed.ephemeral_count
+            held: list[Ephemeral] = []  # deltas taken, waiting for the event they follow
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
                 changed = feed.changed
                 # Each turn takes a write's worth of deltas and of events (or one event bigger
                 # than that) from the feed, and only once the last went: a stream that cannot
                 # send holds no more.
-                deltas, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
-                if deltas:
-                    yield b"".join(deltas)
-                    sent = True
+                if not held:
+                    held, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
                 try:
                     # From the feed's memory without a coroutine when it can (the common case:
                     # every stream of a feed runs this at every event).
@@ -140,14 +148,15 @@ async def event_stream(
                 if events and events[0].id != cursor + 1:
                     yield _expired(cursor, feed.head)
                     return
-                if events:
-                    for chunk in event_writes(events, "live", feed.write_bytes):
+                # A delta's notification may overtake the event it follows (that one is read
+                # from the log): each goes out right after its event.
+                frames, taken, _, cursor = in_order(held, events, cursor)
+                held = held[taken:]
+                if frames:
+                    for chunk in writes(frames, feed.write_bytes):
                         yield chunk
-                    cursor = events[-1].id
                     sent = True
                     continue
-                if deltas:
-                    continue  # more may wait
                 if feed.closed or shutdown.is_set():
                     return
                 if not sent:

@@ -11,6 +11,9 @@
 an owner's sessions; `SessionFold` folds a session's events into its conversation.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from app.client.errors import (
     ApiError,
     AuthenticationError,
@@ -26,8 +29,6 @@ from app.client.errors import (
     UnprocessableEntityError,
     UnsupportedMediaTypeError,
 )
-from app.client.fold import Conversation, SessionFold
-from app.client.live import OwnerSessionClient
 from app.client.models import (
     AcceptedMessage,
     ApprovalAccepted,
@@ -43,6 +44,24 @@ from app.client.models import (
     Usage,
 )
 from app.client.sdk import AsyncFerryman, Ferryman
+
+if TYPE_CHECKING:
+    from app.client.fold import Conversation, SessionFold
+    from app.client.live import OwnerSessionClient
+
+# Loaded when first asked for: a command that only lists sessions does not pay for asyncio.
+_LAZY = {
+    "Conversation": "app.client.fold",
+    "SessionFold": "app.client.fold",
+    "OwnerSessionClient": "app.client.live",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AcceptedMessage",

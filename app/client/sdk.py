@@ -6,7 +6,6 @@ Streams survive disconnects: each reconnect resumes from the last durable event 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -372,4 +371,11 @@ class AsyncFerryman(ClientBase):
                 stream.failed(error)
             if stream.ended:
                 return
-            await asyncio.sleep(stream.delay())
+            await _sleep(stream.delay())
+
+
+async def _sleep(seconds: float) -> None:
+    # asyncio is imported by the async client's first wait, not by every `ferryman` command.
+    import asyncio
+
+    await asyncio.sleep(seconds)

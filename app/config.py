@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     lease_ttl: float = 10.0
     max_attempts: int = 5
     worker_concurrency: int = 2
+    claim_batch: int = Field(default=8, ge=1)
     claim_interval: float = 1.0
     tool_timeout: float = 600.0
     # Extra tools as comma-separated `module:attribute` (a Tool or a list of Tools).

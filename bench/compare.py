@@ -735,14 +735,18 @@ def report(ceiling: Result, rounds: list[dict[str, Result]], order: list[str], t
 
 
 def header(args: argparse.Namespace, cluster: Cluster) -> str:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
 
     server = subprocess.run(
         [str(cluster.bin / "postgres"), "--version"], capture_output=True, text=True
     ).stdout.strip()
-    peers = ", ".join(
-        f"{name} {version(name)}" for name in ("dbos", "procrastinate", "pgqueuer", "psycopg")
-    )
+    peers = ", ".join(installed(name) for name in ("dbos", "procrastinate", "pgqueuer", "psycopg"))
     return (
         f"python -m bench.compare {' '.join(sys.argv[1:])}\n"
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs;"

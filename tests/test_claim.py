@@ -14,6 +14,7 @@ from app.store.runs import CLAIM_SQL
 from tests.support import fresh_database
 
 FINISHED = 200_000
+CLAIM_PARAMS = {"worker": "w:1", "pid": 1, "ttl": 10, "busy": [], "limit": 1, "owner_prefix": "o:"}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +41,7 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def test_the_claim_uses_the_claimable_index(crowded: str) -> None:
     with psycopg.connect(crowded, autocommit=True) as conn:
-        (raw,) = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10, "busy": []}
-        ).fetchone()  # type: ignore[misc]
+        (raw,) = conn.execute("EXPLAIN (FORMAT JSON) " + CLAIM_SQL, CLAIM_PARAMS).fetchone()  # type: ignore[misc]
     plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
     scans = [
         (node["Node Type"], node.get("Index Name"))
@@ -63,5 +62,48 @@ def test_a_deleted_session_still_running_is_claimed(crowded: str) -> None:
             " 'gone:2', clock_timestamp() - interval '1 minute', clock_timestamp(),"
             " clock_timestamp())"
         )
-        row = conn.execute(CLAIM_SQL, {"worker": "w:1", "pid": 1, "ttl": 10, "busy": []}).fetchone()
+        row = conn.execute(CLAIM_SQL, CLAIM_PARAMS).fetchone()
     assert row is not None and row[2] == "stuck"  # id, owner_id, title, ...
+
+
+def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
+    """One statement claims several sessions of several owners: each owner's feed gets one
+    `session_status running` per session, numbered on from its cursor with no gap, in the
+    order the sessions were created, and its stream is notified."""
+    with (
+        fresh_database("ferryman_claim_batch") as url,
+        psycopg.connect(url, autocommit=True) as conn,
+    ):
+        conn.execute("INSERT INTO workers (id, pid, hostname) VALUES ('w:1', 1, 'test')")
+        conn.execute("INSERT INTO owner_cursors (owner_id, last_id) VALUES ('a', 7)")
+        for n, owner in enumerate(["a", "b", "a", "a", "b"]):
+            conn.execute(
+                "INSERT INTO sessions (id, owner_id, title, status, model, prompt, created_at)"
+                " VALUES (gen_random_uuid(), %s, %s, 'queued', 'scripted', 'p',"
+                " clock_timestamp() + make_interval(secs => %s))",
+                (owner, f"s{n}", n),
+            )
+        conn.execute("LISTEN ferryman")
+        rows = conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4}).fetchall()
+        assert [row[2] for row in rows] == ["s0", "s1", "s2", "s3"]  # title: oldest first
+        events = conn.execute(
+            "SELECT e.owner_id, e.id, s.title, e.type, e.data FROM owner_events e"
+            " JOIN sessions s ON s.id = e.session_id ORDER BY e.owner_id, e.id"
+        ).fetchall()
+        assert [(owner, event_id, title) for owner, event_id, title, _, _ in events] == [
+            ("a", 8, "s0"),
+            ("a", 9, "s2"),
+            ("a", 10, "s3"),
+            ("b", 1, "s1"),
+        ]
+        assert all(
+            kind == "session_status" and data == {"status": "running", "attempt": 1}
+            for _, _, _, kind, data in events
+        )
+        cursors = dict(conn.execute("SELECT owner_id, last_id FROM owner_cursors").fetchall())
+        assert cursors == {"a": 10, "b": 1}
+        keys = {note.payload for note in conn.notifies(timeout=1, stop_after=2)}
+        assert keys == {"o:a", "o:b"}
+        # The rest, and then nothing.
+        assert [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4})] == ["s4"]
+        assert conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4}).fetchall() == []

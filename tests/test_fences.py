@@ -28,9 +28,10 @@ Write = Callable[[Connection, Fence, dict[str, Any]], Awaitable[Any]]
 
 WRITES: dict[str, Write] = {
     "append": lambda c, f, r: runs.append(c, f, r["id"], "assistant_message", {"text": "late"}),
-    "set_active_stage": lambda c, f, r: runs.set_active_stage(c, f, r, "tool:late"),
+    "append_with_progress": lambda c, f, r: runs.append(
+        c, f, r["id"], "tool_call_start", {}, delivered=99, tokens=(1, 1, 1), stage="tool:late"
+    ),
     "mark_delivered": lambda c, f, r: runs.mark_delivered(c, f, r["id"], 99),
-    "add_usage": lambda c, f, r: runs.add_usage(c, f, r["id"], 1, 1, 1),
     "put_note": lambda c, f, r: runs.put_note(c, f, r["id"], "k", "late"),
     "finish": lambda c, f, r: runs.finish(c, f, r, Status.SUCCEEDED),
     "release": lambda c, f, r: runs.release(c, f, r, "shutdown"),
@@ -54,8 +55,7 @@ async def claimed_session(db: Database) -> dict[str, Any]:
     new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
     async with db.transaction() as conn:
         await session_store.create_session(conn, f"owner-{uuid.uuid4().hex[:8]}", new, None)
-        row = await runs.claim(conn, WORKER, 1, 30)
-    assert row is not None
+        [row] = await runs.claim(conn, WORKER, 1, 30)
     return row
 
 
@@ -78,7 +78,7 @@ async def test_a_lapsed_lease_refuses_every_run_write(database: Database, name: 
     fence = Fence(WORKER, row["attempt"])
     # Held: the write goes through (so the refusal below is the lease's doing).
     async with database.transaction() as conn:
-        await WRITES["set_active_stage"](conn, fence, row)
+        await WRITES["mark_delivered"](conn, fence, row)
     async with database.transaction() as conn:
         await conn.execute(
             "UPDATE sessions SET lease_expires_at = clock_timestamp() - interval '1 second'"

@@ -107,7 +107,8 @@ class Run:
     tools: dict[str, Tool] = field(default_factory=dict)
     # Writes that need not be durable before the run's next step that waits or acts (a model
     # call, a tool): they go with the next transaction, so a turn costs one commit, not one
-    # per event. Every path from a write to such a step passes `write()` or `flush()`.
+    # per event. Every path from a write to such a step passes `write()` or `flush()`. Each is
+    # one statement.
     deferred: list[Callable[[Connection], Awaitable[object]]] = field(default_factory=list)
     # Whether a message or an approval decision may have been logged since the run last read
     # its log (the inbox notification; `ended` sets it too, for one that was lost).
@@ -164,9 +165,12 @@ class Run:
         self.deferred.clear()
         self.written_seq = self.logging_seq
 
-    async def log(self, conn: Connection, type_: str, data: dict[str, Any]) -> dict[str, Any]:
-        """Append an event of the run's (fenced); its seq counts once the transaction commits."""
-        event = await runs.append(conn, self.fence, self.session_id, type_, data)
+    async def log(
+        self, conn: Connection, type_: str, data: dict[str, Any], **session: Any
+    ) -> dict[str, Any]:
+        """Append an event of the run's (fenced), with `session` changes to its row as
+        `runs.append` takes them; its seq counts once the transaction commits."""
+        event = await runs.append(conn, self.fence, self.session_id, type_, data, **session)
         self.logging_seq = max(self.logging_seq, int(event["seq"]))
         return event
 
@@ -175,7 +179,15 @@ class Run:
         self.deferred.append(lambda conn: self.log(conn, type_, data))
 
     async def flush(self) -> None:
-        if self.deferred:
+        """Make the deferred writes. Each is one statement, so one alone needs no transaction
+        around it (no BEGIN and COMMIT round trips)."""
+        if len(self.deferred) == 1:
+            self.logging_seq = self.written_seq
+            async with self.ctx.db.connection() as conn:
+                await self.deferred[0](conn)
+            self.deferred.clear()
+            self.written_seq = self.logging_seq
+        elif self.deferred:
             async with self.write():
                 pass
 
@@ -227,13 +239,17 @@ class Run:
         messages: list[Message] = []
         started: set[str] = set()
         last_run_event: dict[str, Any] | None = None  # tells whether and how a run ended
-        # One transaction reads the log and writes the run's start: a claim costs two commits.
-        async with self.write() as conn:
-            cancelled, last_seq = await runs.run_head(conn, self.session_id)
-            if cancelled:  # before the worker listened for it
-                self.abort("cancelled")
+        # The log up to the claim's `last_seq`, read outside any transaction (the lease fences
+        # every run write, so nothing a run wrote can change under the read; messages logged
+        # since come through the inbox). A cancel requested in the instant between the claim
+        # and the worker's listening for it is seen by the next heartbeat.
+        async with self.ctx.db.connection() as conn:
             async for rows in event_store.session_event_pages(
-                conn, self.session_id, last_seq, limit=1000, max_bytes=self.ctx.read_page_bytes
+                conn,
+                self.session_id,
+                int(self.row["last_seq"]),
+                limit=1000,
+                max_bytes=self.ctx.read_page_bytes,
             ):
                 messages.extend(conversation_from_events(rows))
                 for row in rows:
@@ -243,48 +259,53 @@ class Run:
                     if row["type"] in _RUN_EVENTS:
                         last_run_event = row
                 self.read_seq = int(rows[-1]["seq"])
-            history = undelivered_last(messages, self.row["delivered_seq"])
-            plan = plan_resume(
-                history,
-                self.ctx.registry.turn_enders(),
-                approvals=self.approvals,
-                started=started,
-            )
-            self.conversation = list(plan.conversation)
-            self.awaiting = list(plan.awaiting)
-            self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
-            self.not_rerun = self.interrupted_side_effects(plan)
-            for repair in plan.repairs:
-                await self.log(conn, "tool_result", repair.wire())
-            run_info = {
-                "workerId": self.ctx.worker_id,
-                "pid": self.ctx.pid,
-                "attempt": self.row["attempt"],
+        history = undelivered_last(messages, self.row["delivered_seq"])
+        plan = plan_resume(
+            history,
+            self.ctx.registry.turn_enders(),
+            approvals=self.approvals,
+            started=started,
+        )
+        self.conversation = list(plan.conversation)
+        self.awaiting = list(plan.awaiting)
+        self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
+        self.not_rerun = self.interrupted_side_effects(plan)
+        # The run's start goes with its first write (before the model is first asked).
+        for repaired in plan.repairs:
+            self.defer("tool_result", repaired.wire())
+        run_info = {
+            "workerId": self.ctx.worker_id,
+            "pid": self.ctx.pid,
+            "attempt": self.row["attempt"],
+        }
+        if last_run_event is None:
+            self.defer(SessionEventType.SESSION_START, run_info)
+        else:
+            reason = resume_reason([last_run_event])
+            resumed = {
+                **run_info,
+                "reason": reason,
+                "transcriptMessages": len(self.conversation),
+                "repairedToolCalls": plan.repaired_tool_calls,
             }
-            if last_run_event is None:
-                await self.log(conn, SessionEventType.SESSION_START, run_info)
-            else:
-                reason = resume_reason([last_run_event])
-                resumed = {
-                    **run_info,
-                    "reason": reason,
-                    "transcriptMessages": len(self.conversation),
-                    "repairedToolCalls": plan.repaired_tool_calls,
-                }
-                await self.log(conn, SessionEventType.SESSION_RESUMED, resumed)
-                await runs.announce(conn, self.row, OwnerEventType.SESSION_RESUMED, resumed)
-                RESUMES.labels(reason).inc()
-                REPAIRED.inc(len(plan.repairs))
-                log.info(
-                    "session resumed",
-                    extra={
-                        "session": str(self.session_id),
-                        "plan": plan.kind,
-                        "reason": reason,
-                        "repaired": plan.repaired_tool_calls,
-                        "stripped": plan.stripped,
-                    },
+            self.defer(SessionEventType.SESSION_RESUMED, resumed)
+            self.deferred.append(
+                functools.partial(
+                    runs.announce, row=self.row, type_=OwnerEventType.SESSION_RESUMED, data=resumed
                 )
+            )
+            RESUMES.labels(reason).inc()
+            REPAIRED.inc(len(plan.repairs))
+            log.info(
+                "session resumed",
+                extra={
+                    "session": str(self.session_id),
+                    "plan": plan.kind,
+                    "reason": reason,
+                    "repaired": plan.repaired_tool_calls,
+                    "stripped": plan.stripped,
+                },
+            )
         return plan
 
     async def loop(self, model: Model) -> None:
@@ -334,17 +355,9 @@ class Run:
                 return
 
     async def log_reply(self, reply: AssistantMessage, delivered: int, conn: Connection) -> None:
-        await self.log(conn, "assistant_message", reply.wire())
-        await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
-        if (usage := reply.usage) is not None:
-            await runs.add_usage(
-                conn,
-                self.fence,
-                self.session_id,
-                usage.input_tokens,
-                usage.output_tokens,
-                usage.cached_tokens,
-            )
+        usage = reply.usage
+        tokens = (usage.input_tokens, usage.output_tokens, usage.cached_tokens) if usage else None
+        await self.log(conn, "assistant_message", reply.wire(), delivered=delivered, tokens=tokens)
 
     def requires_approval(self, call: ToolCall) -> bool:
         tool = self.tools.get(call.name)
@@ -500,12 +513,12 @@ class Run:
     async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         self.check()
         async with self.write() as conn:  # durable before the tool runs
-            await self.log(
-                conn,
-                "tool_call_start",
-                {"toolCallId": call.id, "name": call.name, "arguments": call.arguments},
+            stage = f"tool:{call.name}"
+            start = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
+            await self.log(conn, "tool_call_start", start, stage=stage)
+            await runs.announce(
+                conn, self.row, OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage}
             )
-            await runs.set_active_stage(conn, self.fence, self.row, f"tool:{call.name}")
         try:
             result = bounded_result(await self.run_tool(call, tool), self.ctx.max_event_bytes)
         except RunAborted as aborted:
@@ -660,7 +673,7 @@ class FencedNotes:
         self.db, self.fence, self.session_id = db, fence, session_id
 
     async def put(self, key: str, text: str) -> None:
-        async with self.db.transaction() as conn:
+        async with self.db.connection() as conn:  # one statement: no transaction around it
             await runs.put_note(conn, self.fence, self.session_id, key, text)
 
     async def get(self, key: str) -> str | None:

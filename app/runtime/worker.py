@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import secrets
+from typing import Any
 from uuid import UUID
 
 from pydantic import SecretStr
@@ -17,7 +18,7 @@ from app.agent.tools.mcp import McpServer, load_config
 from app.backoff import Outage
 from app.bus import Bus
 from app.config import Settings
-from app.db.pool import UNAVAILABLE_ERRORS, Database
+from app.db.pool import UNAVAILABLE_ERRORS, Connection, Database
 from app.domain import Status
 from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
@@ -94,6 +95,8 @@ class Worker:
         self.tasks: set[asyncio.Future[None]] = set()
         self.stopping = asyncio.Event()
         self.work = asyncio.Event()
+        # Set when a run ends, so a worker whose slots were all taken claims again.
+        self.slot_freed = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- called from the heartbeat thread -----------------------------------------------
@@ -130,6 +133,7 @@ class Worker:
     def stop(self) -> None:
         self.stopping.set()
         self.work.set()
+        self.slot_freed.set()
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -147,7 +151,6 @@ class Worker:
         await self._connect_mcp_servers()
         await self._publish_tools()
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
-        slots = asyncio.Semaphore(self.concurrency)
         membership = asyncio.Event()
         watcher = asyncio.create_task(
             watch_peers(self.db.url, self.id, membership), name="death watch"
@@ -158,22 +161,20 @@ class Worker:
                 self.bus.subscribe(WORKERS_KEY, lambda _: membership.set()),
             ):
                 while not self.stopping.is_set():
-                    await slots.acquire()
-                    if self.stopping.is_set():
-                        slots.release()
-                        break
-                    run = await self._claim()
-                    if run is None:
-                        slots.release()
+                    free = self.concurrency - len(self.runs)
+                    if free <= 0:
+                        self.slot_freed.clear()
+                        await self.slot_freed.wait()
+                        continue
+                    claimed = await self._claim(min(free, self.settings.claim_batch))
+                    for run in claimed:
+                        task = asyncio.create_task(self._drive(run), name=f"run {run.session_id}")
+                        self.tasks.add(task)
+                        task.add_done_callback(self.tasks.discard)
+                    if not claimed:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self.work.wait(), self.settings.claim_interval)
                         self.work.clear()
-                        continue
-                    task = asyncio.create_task(
-                        self._drive(run, slots), name=f"run {run.session_id}"
-                    )
-                    self.tasks.add(task)
-                    task.add_done_callback(self.tasks.discard)
         finally:
             # Shutdown: abort runs at a safe point; each writes session_interrupted and
             # releases its lease so another worker takes over at once.
@@ -219,47 +220,56 @@ class Worker:
         except UNAVAILABLE_ERRORS as exc:
             log.warning("tool catalog not published, database unavailable: %s", exc)
 
-    async def _claim(self) -> Run | None:
+    async def _claim(self, limit: int) -> list[Run]:
+        """Claim up to `limit` sessions in one statement. Only when that finds fewer are dead
+        workers looked for (their sessions become claimable): each worker's death watch
+        reaps its peer at once, so this is the fallback, and it costs no claim a round trip."""
         try:
-            async with self.db.transaction() as conn:
-                self.claims.recovered()
-                await runs.reap_dead_workers(conn)
-                row = await runs.claim(
-                    conn, self.id, self.context.pid, self.settings.lease_ttl, list(self.runs)
-                )
-                if row is None:
-                    return None
-                fence = Fence(self.id, row["attempt"])
-                claims = await runs.claims_without_finishing(conn, row)
-                if claims > self.settings.max_attempts:
+            async with self.db.connection() as conn:
+                rows = await self._claim_rows(conn, limit)
+                if len(rows) < limit and await runs.reap_and_wake(conn):
+                    rows += await self._claim_rows(conn, limit - len(rows))
+            self.claims.recovered()
+            claimed = []
+            for row in rows:
+                if await self._settle_unrunnable(row):
                     self.work.set()  # settled without running: look for more work at once
-                    await runs.finish(
-                        conn,
-                        fence,
-                        row,
-                        Status.FAILED,
-                        error={
-                            "code": MAX_ATTEMPTS_CODE,
-                            "message": f"claimed {claims} times without finishing "
-                            f"(FERRYMAN_MAX_ATTEMPTS={self.settings.max_attempts})",
-                        },
-                        requeue_undelivered=False,
-                    )
-                    return None
-                if row["cancel_requested_at"] is not None or row["deleted_at"] is not None:
-                    # Cancelled while no worker held it: settle without calling the model.
-                    self.work.set()
-                    await runs.finish(conn, fence, row, Status.CANCELLED, requeue_undelivered=False)
-                    return None
+                else:
+                    claimed.append(row)
         except UNAVAILABLE_ERRORS as exc:
             self.claims.failed(exc)
             await asyncio.sleep(1)
-            return None
-        run = Run(self.context, row)
-        self.runs[run.session_id] = run
-        return run
+            return []
+        started = [Run(self.context, row) for row in claimed]
+        for run in started:
+            self.runs[run.session_id] = run
+        return started
 
-    async def _drive(self, run: Run, slots: asyncio.Semaphore) -> None:
+    async def _claim_rows(self, conn: Connection, limit: int) -> list[dict[str, Any]]:
+        return await runs.claim(
+            conn, self.id, self.context.pid, self.settings.lease_ttl, list(self.runs), limit
+        )
+
+    async def _settle_unrunnable(self, row: dict[str, Any]) -> bool:
+        """Settle a claimed session that must not run: claimed too often without finishing,
+        or cancelled (or deleted) while no worker held it. True when it was settled."""
+        fence = Fence(self.id, row["attempt"])
+        if row["claims"] > self.settings.max_attempts:
+            status = Status.FAILED
+            error: dict[str, Any] | None = {
+                "code": MAX_ATTEMPTS_CODE,
+                "message": f"claimed {row['claims']} times without finishing "
+                f"(FERRYMAN_MAX_ATTEMPTS={self.settings.max_attempts})",
+            }
+        elif row["cancel_requested_at"] is not None or row["deleted_at"] is not None:
+            status, error = Status.CANCELLED, None  # no model call for it
+        else:
+            return False
+        async with self.db.transaction() as conn:
+            await runs.finish(conn, fence, row, status, error=error, requeue_undelivered=False)
+        return True
+
+    async def _drive(self, run: Run) -> None:
         def on_cancel(_: str | None) -> None:
             check = asyncio.ensure_future(self._check_cancel(run))
             self.tasks.add(check)
@@ -289,7 +299,7 @@ class Worker:
             log.exception("run failed unexpectedly", extra={"session": str(run.session_id)})
         finally:
             self.runs.pop(run.session_id, None)
-            slots.release()
+            self.slot_freed.set()
 
     async def _check_cancel(self, run: Run) -> None:
         with contextlib.suppress(*UNAVAILABLE_ERRORS):

@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.errors import FenceRefused, SessionNotFound
-from app.store.notify import notify, owner_key, session_key
+from app.store.notify import notifying, owner_key, session_key
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Fence:
 
 
 _BUMP = """
-    UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
+    UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp(){sets}
     WHERE id = %(session_id)s {fence}
     RETURNING last_seq, attempt, owner_id
 """
@@ -48,31 +48,38 @@ async def append_session_event(
     data: dict[str, Any],
     *,
     fence: Fence | None = None,
+    session_sets: str = "",
+    **set_params: Any,
 ) -> dict[str, Any]:
     """Append one event; with a fence, refuse (FenceRefused) unless the lease is still held.
 
     The seq comes from `sessions.last_seq`, bumped under the session row lock in the same
     statement that checks the fence: one place allocates seqs and one place fences writes.
+    `session_sets` (`, column = %(param)s ...`, with `set_params`) changes the session row in
+    that same statement; the stream's notification goes in it too.
     """
     params: dict[str, Any] = {
         "session_id": session_id,
         "type": type_,
         "data": Jsonb(data),
+        "notify_key": session_key(session_id),
         **(fence.params() if fence else {}),
+        **set_params,
     }
+    bump = _BUMP.format(fence=f"AND {FENCE}" if fence else "", sets=session_sets)
     query = (
-        "WITH bumped AS (" + _BUMP.format(fence=f"AND {FENCE}" if fence else "") + ")"
+        f"WITH bumped AS ({bump}), appended AS ("
         " INSERT INTO session_events (session_id, seq, attempt, type, data)"
         " SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped"
         " RETURNING session_id, seq, attempt, type, data, created_at,"
         " (SELECT owner_id FROM bumped) AS owner_id"
+        f") SELECT * FROM appended WHERE {notifying('%(notify_key)s')}"
     )
     row = await (await conn.execute(query, params)).fetchone()
     if row is None:
         if fence is not None:
             raise FenceRefused(f"lease on {session_id} is no longer held by {fence}")
         raise SessionNotFound()
-    await notify(conn, session_key(session_id))
     return row
 
 
@@ -81,21 +88,28 @@ async def append_owner_event(
 ) -> dict[str, Any]:
     row = await (
         await conn.execute(
-            """
+            f"""
             WITH cursor AS (
                 INSERT INTO owner_cursors (owner_id, last_id) VALUES (%(owner)s, 1)
                 ON CONFLICT (owner_id) DO UPDATE SET last_id = owner_cursors.last_id + 1
                 RETURNING last_id
+            ), appended AS (
+                INSERT INTO owner_events (owner_id, id, session_id, type, data)
+                SELECT %(owner)s, last_id, %(session_id)s, %(type)s, %(data)s FROM cursor
+                RETURNING owner_id, id, session_id, type, data, created_at
             )
-            INSERT INTO owner_events (owner_id, id, session_id, type, data)
-            SELECT %(owner)s, last_id, %(session_id)s, %(type)s, %(data)s FROM cursor
-            RETURNING owner_id, id, session_id, type, data, created_at
+            SELECT * FROM appended WHERE {notifying("%(notify_key)s")}
             """,
-            {"owner": owner_id, "session_id": session_id, "type": type_, "data": Jsonb(data)},
+            {
+                "owner": owner_id,
+                "session_id": session_id,
+                "type": type_,
+                "data": Jsonb(data),
+                "notify_key": owner_key(owner_id),
+            },
         )
     ).fetchone()
     assert row is not None
-    await notify(conn, owner_key(owner_id))
     return row
 
 

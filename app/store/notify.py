@@ -21,8 +21,12 @@ EPHEMERAL_SEPARATOR = "|"
 MAX_EPHEMERAL_BYTES = 7000
 
 
+# An owner stream's key is this prefix and the owner id (SQL that notifies owners builds it too).
+OWNER_KEY_PREFIX = "o:"
+
+
 def owner_key(owner_id: str) -> str:
-    return f"o:{check_owner_id(owner_id)}"
+    return f"{OWNER_KEY_PREFIX}{check_owner_id(owner_id)}"
 
 
 def session_key(session_id: UUID | str) -> str:
@@ -64,6 +68,13 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
         await conn.execute(
             "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload", (CHANNEL, payloads)
         )
+
+
+def notifying(key: str) -> str:
+    """A condition that is true and sends the notification whose key the SQL expression `key`
+    gives, for each row it is checked on: in a write's `WHERE` or `RETURNING`, it notifies in
+    the write's own statement (one round trip fewer than `notify`), and only for rows written."""
+    return f"pg_notify('{CHANNEL}', {key}) IS NOT NULL"
 
 
 async def notify(conn: Connection, key: str) -> None:

@@ -14,7 +14,7 @@ from app.db.pool import Connection
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
 from app.store.events import FENCE, Fence, append_owner_event, append_session_event
-from app.store.notify import WORK_KEY, WORKERS_KEY, notify
+from app.store.notify import OWNER_KEY_PREFIX, WORK_KEY, WORKERS_KEY, notify, notifying
 from app.store.sessions import SESSION_COLUMNS, set_status
 
 # Advisory-lock namespace of worker liveness locks: pg_advisory_lock(WORKER_LOCK_NAMESPACE, key).
@@ -113,28 +113,45 @@ async def reap_and_wake(conn: Connection) -> list[str]:
     return dead
 
 
+# One statement a beat. Leases whose rows are locked right now (a write of the run's own, a
+# cancel) are skipped, not waited for: they are still held, and the next beat renews them.
+# Waiting would put every lease the worker holds behind the slowest lock on any one of them.
+_HEARTBEAT_SQL = """
+    WITH beat AS (
+        UPDATE workers SET heartbeat_at = clock_timestamp() WHERE id = %(worker)s
+    ), renewed AS (
+        UPDATE sessions s SET lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+        FROM (SELECT id FROM sessions
+              WHERE id = ANY(%(held)s::uuid[]) AND lease_worker_id = %(worker)s
+                AND lease_expires_at > clock_timestamp()
+              FOR UPDATE SKIP LOCKED) mine
+        WHERE s.id = mine.id
+        RETURNING s.id
+    )
+    SELECT s.id, s.cancel_requested_at IS NOT NULL AS cancel FROM sessions s
+    WHERE s.id = ANY(%(held)s::uuid[]) AND s.lease_worker_id = %(worker)s
+      AND (s.lease_expires_at > clock_timestamp() OR s.id IN (SELECT id FROM renewed))
+"""
+
+
 async def heartbeat(
     conn: Connection, worker_id: str, ttl: float, session_ids: list[UUID]
 ) -> dict[UUID, bool]:
-    """Extend this worker's leases; {session id: cancel requested} for those still held."""
-    await conn.execute(
-        "UPDATE workers SET heartbeat_at = clock_timestamp() WHERE id = %s", (worker_id,)
-    )
-    if not session_ids:
-        return {}
-    cur = await conn.execute(
-        """
-        UPDATE sessions SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
-        WHERE id = ANY(%s) AND lease_worker_id = %s AND lease_expires_at > clock_timestamp()
-        RETURNING id, cancel_requested_at IS NOT NULL AS cancel
-        """,
-        (ttl, session_ids, worker_id),
-    )
+    """Record the beat and extend this worker's leases; {session id: cancel requested} for
+    those still held."""
+    cur = await conn.execute(_HEARTBEAT_SQL, {"worker": worker_id, "ttl": ttl, "held": session_ids})
     return {row["id"]: bool(row["cancel"]) for row in await cur.fetchall()}
 
 
 # Every branch implies the `sessions_claimable` index's predicate (status queued or running), so
 # a claim reads that index in creation order, never the finished sessions (tests/test_claim.py).
+#
+# One statement, so one round trip and no transaction around it: it takes up to %(limit)s
+# sessions, numbers their `session_status` owner events (each owner's cursor moves once, by its
+# count, so the cursor row is locked for the statement only, not across round trips), sends the
+# owner streams' notifications, and counts each session's claims since its last `session_end`
+# (what `maxAttempts` bounds: `attempt` itself only grows, since it fences, so follow-ups that
+# re-queue a finished session do not use up the budget).
 CLAIM_SQL = f"""
     WITH candidate AS (
         SELECT s.id FROM sessions s
@@ -148,24 +165,51 @@ CLAIM_SQL = f"""
                 OR EXISTS (SELECT 1 FROM workers w
                            WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
         ORDER BY s.created_at
-        LIMIT 1
+        LIMIT %(limit)s
         FOR UPDATE OF s SKIP LOCKED
+    ), claimed AS (
+        UPDATE sessions s SET
+            status = 'running', attempt = s.attempt + 1,
+            lease_worker_id = %(worker)s, lease_pid = %(pid)s,
+            lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+            updated_at = clock_timestamp()
+        FROM candidate WHERE s.id = candidate.id
+        RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
+    ), cursor AS (
+        INSERT INTO owner_cursors AS c (owner_id, last_id)
+        SELECT owner_id, count(*) FROM claimed GROUP BY owner_id
+        ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+        RETURNING owner_id, last_id, {notifying("%(owner_prefix)s || c.owner_id")} AS notified
+    ), announced AS (
+        INSERT INTO owner_events (owner_id, id, session_id, type, data)
+        SELECT s.owner_id,
+               c.last_id - count(*) OVER owner
+                   + row_number() OVER (owner ORDER BY s.created_at, s.id),
+               s.id, '{OwnerEventType.SESSION_STATUS}',
+               jsonb_build_object('status', 'running', 'attempt', s.attempt)
+        FROM claimed s JOIN cursor c ON c.owner_id = s.owner_id
+        WINDOW owner AS (PARTITION BY s.owner_id)
     )
-    UPDATE sessions s SET
-        status = 'running', attempt = s.attempt + 1,
-        lease_worker_id = %(worker)s, lease_pid = %(pid)s,
-        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
-        updated_at = clock_timestamp()
-    FROM candidate WHERE s.id = candidate.id
-    RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
+    SELECT s.*, s.attempt - coalesce((
+        SELECT e.attempt FROM session_events e
+        WHERE e.session_id = s.id AND e.type = '{SessionEventType.SESSION_END}'
+        ORDER BY e.seq DESC LIMIT 1), 0) AS claims
+    FROM claimed s ORDER BY s.created_at
 """
 
 
 async def claim(
-    conn: Connection, worker_id: str, pid: int, ttl: float, busy: Collection[UUID] = ()
-) -> dict[str, Any] | None:
-    """Claim one session: a queued one, or a running one whose lease expired, was released, or
-    whose worker is dead. Adds 1 to `attempt`; times come from the database clock.
+    conn: Connection,
+    worker_id: str,
+    pid: int,
+    ttl: float,
+    busy: Collection[UUID] = (),
+    limit: int = 1,
+) -> list[dict[str, Any]]:
+    """Claim up to `limit` sessions: queued ones, or running ones whose lease expired, was
+    released, or whose worker is dead. Adds 1 to each `attempt`; times come from the database
+    clock. Each row carries `claims`, the claims since a run last closed with `session_end`
+    (counting this one).
 
     `busy`: the sessions this worker still has a run of (one that lost its lease and has not
     noticed yet): it must not take them back before that run is gone, or the two would share
@@ -174,26 +218,56 @@ async def claim(
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
     it would take back its own sessions claim after claim, each spending an attempt."""
-    params = {"worker": worker_id, "pid": pid, "ttl": ttl, "busy": list(busy)}
+    params = {
+        "worker": worker_id,
+        "pid": pid,
+        "ttl": ttl,
+        "busy": list(busy),
+        "limit": limit,
+        "owner_prefix": OWNER_KEY_PREFIX,
+    }
     cur = await conn.execute(CLAIM_SQL, params)
-    row = await cur.fetchone()
-    if row is None:
-        return None
-    await append_owner_event(
-        conn,
-        row["owner_id"],
-        row["id"],
-        OwnerEventType.SESSION_STATUS,
-        {"status": "running", "attempt": row["attempt"]},
-    )
-    return row
+    return await cur.fetchall()
 
 
 async def append(
-    conn: Connection, fence: Fence, session_id: UUID, type_: str, data: dict[str, Any]
+    conn: Connection,
+    fence: Fence,
+    session_id: UUID,
+    type_: str,
+    data: dict[str, Any],
+    *,
+    delivered: int | None = None,
+    tokens: tuple[int, int, int] | None = None,
+    stage: str | None = None,
 ) -> dict[str, Any]:
-    """A fenced run event (FenceRefused once the lease is gone)."""
-    return await append_session_event(conn, session_id, type_, data, fence=fence)
+    """A fenced run event (FenceRefused once the lease is gone). In the same statement, on the
+    session row: `delivered`, the log the model has seen up to (undelivered messages re-queue);
+    `tokens`, a turn's (input, output, cached) added to the running totals; `stage`, the
+    run's new active stage (announce it on the owner feed too)."""
+    sets: list[str] = []
+    params: dict[str, Any] = {}
+    if delivered is not None:
+        sets.append("delivered_seq = greatest(delivered_seq, %(delivered)s)")
+        params["delivered"] = delivered
+    if tokens is not None:
+        sets.append(
+            "input_tokens = input_tokens + %(input)s, output_tokens = output_tokens + %(output)s,"
+            " cached_tokens = cached_tokens + %(cached)s"
+        )
+        params.update(zip(("input", "output", "cached"), tokens, strict=True))
+    if stage is not None:
+        sets.append("active_stage = %(stage)s")
+        params["stage"] = stage
+    return await append_session_event(
+        conn,
+        session_id,
+        type_,
+        data,
+        fence=fence,
+        session_sets="".join(f", {assignment}" for assignment in sets),
+        **params,
+    )
 
 
 async def announce(
@@ -215,33 +289,10 @@ async def _fenced_update(
         raise FenceRefused(f"lease on {session_id} is no longer held by {fence}")
 
 
-async def set_active_stage(
-    conn: Connection, fence: Fence, row: dict[str, Any], stage: str | None
-) -> None:
-    await _fenced_update(conn, fence, row["id"], "active_stage = %(stage)s", stage=stage)
-    await announce(conn, row, OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage})
-
-
 async def mark_delivered(conn: Connection, fence: Fence, session_id: UUID, seq: int) -> None:
     """Record that the model has seen the log up to `seq` (undelivered messages re-queue)."""
     await _fenced_update(
         conn, fence, session_id, "delivered_seq = greatest(delivered_seq, %(seq)s)", seq=seq
-    )
-
-
-async def add_usage(
-    conn: Connection, fence: Fence, session_id: UUID, input_: int, output: int, cached: int
-) -> None:
-    """Add a turn's tokens to the session's running totals (fenced, like the turn itself)."""
-    await _fenced_update(
-        conn,
-        fence,
-        session_id,
-        "input_tokens = input_tokens + %(input)s, output_tokens = output_tokens + %(output)s,"
-        " cached_tokens = cached_tokens + %(cached)s",
-        input=input_,
-        output=output,
-        cached=cached,
     )
 
 
@@ -326,36 +377,12 @@ async def release(conn: Connection, fence: Fence, row: dict[str, Any], reason: s
     await notify(conn, WORK_KEY)
 
 
-async def claims_without_finishing(conn: Connection, row: dict[str, Any]) -> int:
-    """Claims since a run last closed with `session_end` (counting the current one): what
-    `maxAttempts` bounds. `attempt` itself only grows (it fences), so follow-ups that re-queue
-    a finished session do not use up the budget."""
-    cur = await conn.execute(
-        "SELECT attempt FROM session_events WHERE session_id = %s AND type = 'session_end'"
-        " ORDER BY seq DESC LIMIT 1",
-        (row["id"],),
-    )
-    last = await cur.fetchone()
-    return int(row["attempt"]) - (int(last["attempt"]) if last else 0)
-
-
 async def cancel_requested(conn: Connection, session_id: UUID) -> bool:
     cur = await conn.execute(
         "SELECT cancel_requested_at IS NOT NULL AS c FROM sessions WHERE id = %s", (session_id,)
     )
     row = await cur.fetchone()
     return bool(row and row["c"])
-
-
-async def run_head(conn: Connection, session_id: UUID) -> tuple[bool, int]:
-    """(whether a cancel was requested, the last seq): what a run reads before its log."""
-    cur = await conn.execute(
-        "SELECT cancel_requested_at IS NOT NULL AS cancel, last_seq FROM sessions WHERE id = %s",
-        (session_id,),
-    )
-    row = await cur.fetchone()
-    assert row is not None  # the run holds the lease: the row is there
-    return bool(row["cancel"]), int(row["last_seq"])
 
 
 async def put_note(conn: Connection, fence: Fence, session_id: UUID, key: str, text: str) -> None:

@@ -1,5 +1,8 @@
 """The event bus: one dedicated LISTEN connection per process, fanned out to in-process waiters.
 
+It listens on the channels its process subscribes to keys of (`channel_of`): an API process
+to the streams', a worker to the runs', a server with a worker inside to both.
+
 A notification is only a wake-up carrying a feed key; whoever wakes re-reads the log by cursor.
 After every reconnect every waiter is woken, because notifications sent while we were away are
 lost.
@@ -11,13 +14,13 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import psycopg
 from prometheus_client import Counter, Gauge
 
 from app.backoff import Backoff
-from app.store.notify import CHANNEL, EPHEMERAL_SEPARATOR
+from app.store.notify import EPHEMERAL_SEPARATOR, channel_of
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ class Bus:
     def __init__(
         self,
         url: str,
+        channels: Collection[str],
         *,
         probe_interval: float = 5.0,
         min_backoff: float = 0.1,
@@ -41,6 +45,7 @@ class Bus:
         max_backoff: float = 1.0,
     ) -> None:
         self.url = url
+        self.channels = sorted(channels)
         self.probe_interval = probe_interval
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
@@ -65,6 +70,8 @@ class Bus:
 
         Subscribe before reading the backlog, so nothing committed after the read goes unseen.
         """
+        if channel_of(key) not in self.channels:
+            raise ValueError(f"this bus does not listen on {channel_of(key)!r} (key {key!r})")
         self._waiters[key].add(waiter)
         try:
             yield
@@ -88,11 +95,12 @@ class Bus:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    for channel in self.channels:
+                        await conn.execute(f"LISTEN {channel}")
                     RECONNECTS.inc()
                     self.connected.set()
                     CONNECTED.set(1)
-                    log.info("bus listening", extra={"channel": CHANNEL})
+                    log.info("bus listening", extra={"channels": self.channels})
                     backoff.reset()
                     self._wake_all()
                     await self._listen(conn)

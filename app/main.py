@@ -26,6 +26,7 @@ from app.db.pool import UNAVAILABLE_ERRORS
 from app.runtime.worker import Worker
 from app.services import Services
 from app.store import retention
+from app.store.notify import RUNS_CHANNEL, STREAMS_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ def create_app(
         url = database_url
         if url is None:
             url = await asyncio.to_thread(bootstrap.prepare, settings)
-        services = Services.create(settings, url)
+        channels = (STREAMS_CHANNEL, RUNS_CHANNEL) if with_worker else (STREAMS_CHANNEL,)
+        services = Services.create(settings, url, channels)
         app.state.services = services
         # Whatever has started is stopped in reverse order, also when a later step fails (a
         # plug-in the worker cannot load): a half-started process would never exit.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from app.agent.tools import ToolRegistry, default_registry
@@ -11,6 +12,7 @@ from app.bus import Bus
 from app.config import Settings
 from app.db.pool import Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
+from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import FeedHub
 from app.streams.sse import StreamSlots
 
@@ -42,7 +44,11 @@ class Services:
     _supervisor: EmbeddedSupervisor | None = None
 
     @classmethod
-    def create(cls, settings: Settings, database_url: str) -> Services:
+    def create(
+        cls, settings: Settings, database_url: str, channels: Collection[str] = (STREAMS_CHANNEL,)
+    ) -> Services:
+        """`channels`: what the process's bus listens on (STREAMS_CHANNEL to serve streams,
+        RUNS_CHANNEL to run a worker)."""
         db = Database(
             database_url,
             min_size=settings.pool_min_size,
@@ -54,7 +60,7 @@ class Services:
                 idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
             ),
         )
-        bus = Bus(database_url)
+        bus = Bus(database_url, channels)
         hub = FeedHub(
             bus,
             buffer_bytes=settings.feed_buffer_bytes,

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from app.store.notify import STREAMS_CHANNEL
 from app.store.runs import CLAIM_SQL
 from tests.support import fresh_database
 
@@ -83,7 +84,7 @@ def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
                 " clock_timestamp() + make_interval(secs => %s))",
                 (owner, f"s{n}", n),
             )
-        conn.execute("LISTEN ferryman")
+        conn.execute(f"LISTEN {STREAMS_CHANNEL}")
         rows = conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4}).fetchall()
         assert [row[2] for row in rows] == ["s0", "s1", "s2", "s3"]  # title: oldest first
         events = conn.execute(

@@ -32,7 +32,7 @@ from psycopg.rows import DictRow, dict_row
 from app.bus import Bus
 from app.store import retention
 from app.store.events import append_owner_event
-from app.store.notify import notify
+from app.store.notify import STREAMS_CHANNEL, notify
 from app.store.notify import owner_key as owner_feed_key
 from app.streams.feed import FeedHub, FeedSource, Page
 from app.streams.frames import Event, owner_event
@@ -1108,7 +1108,7 @@ async def test_events_pruned_mid_replay_are_never_skipped_silently() -> None:
                 store.pop(i)
         return Page(got, more=len(got) == 2)
 
-    hub = FeedHub(Bus("postgresql://unused.invalid/none"), poll_interval=30)
+    hub = FeedHub(Bus("postgresql://unused.invalid/none", [STREAMS_CHANNEL]), poll_interval=30)
     options = StreamOptions(ping_interval=30, retry_ms=2000, follow=False)
     body = event_stream("owner", hub, FeedSource("o:test", head, read), 0, options, asyncio.Event())
     chunks: list[bytes] = []

@@ -298,8 +298,9 @@ async def _run_worker(settings: Settings, url: str) -> None:
 
     from app.runtime.worker import Worker
     from app.services import Services
+    from app.store.notify import RUNS_CHANNEL
 
-    services = Services.create(settings, url)
+    services = Services.create(settings, url, (RUNS_CHANNEL,))
     try:
         await services.start()
         worker = Worker(settings, services.db, services.bus)

@@ -7,7 +7,12 @@ from uuid import UUID
 from app.db.pool import Connection
 from app.domain import check_owner_id
 
-CHANNEL = "ferryman"
+# Two channels, so that a process listens only for what it acts on: API processes hear the
+# streams' keys and token deltas (many a second), workers hear about work, cancels and
+# messages (few). Every listening backend reads the notification queue in a transaction of
+# its own each time it is woken, and every listening process parses what it hears.
+STREAMS_CHANNEL = "ferryman"
+RUNS_CHANNEL = "ferryman_runs"
 # Key of the notification that wakes workers when there may be work to claim.
 WORK_KEY = "work"
 # Key of the notification sent when a worker (re-)registers: death watches choose peers again.
@@ -31,6 +36,12 @@ def owner_key(owner_id: str) -> str:
 
 def session_key(session_id: UUID | str) -> str:
     return f"s:{session_id}"
+
+
+def channel_of(key: str) -> str:
+    """The channel a key's notifications go on: the streams' keys (`s:`, `o:`) on
+    STREAMS_CHANNEL, the workers' (`work`, `workers`, `c:`, `i:`) on RUNS_CHANNEL."""
+    return STREAMS_CHANNEL if key.startswith(("s:", OWNER_KEY_PREFIX)) else RUNS_CHANNEL
 
 
 def inbox_key(session_id: UUID | str) -> str:
@@ -66,18 +77,20 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
         payloads.append("\n".join(lines))
     if payloads:
         await conn.execute(
-            "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload", (CHANNEL, payloads)
+            "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+            (STREAMS_CHANNEL, payloads),
         )
 
 
 def notifying(key: str) -> str:
-    """A condition that is true and sends the notification whose key the SQL expression `key`
-    gives, for each row it is checked on: in a write's `WHERE` or `RETURNING`, it notifies in
-    the write's own statement (one round trip fewer than `notify`), and only for rows written."""
-    return f"pg_notify('{CHANNEL}', {key}) IS NOT NULL"
+    """A condition that is true and sends the stream notification whose key the SQL expression
+    `key` gives, for each row it is checked on: in a write's `WHERE` or `RETURNING`, it
+    notifies in the write's own statement (one round trip fewer than `notify`), and only for
+    rows written."""
+    return f"pg_notify('{STREAMS_CHANNEL}', {key}) IS NOT NULL"
 
 
 async def notify(conn: Connection, key: str) -> None:
     # Sent inside the caller's transaction, so it is delivered only if the write commits;
     # duplicates within one transaction collapse into one notification.
-    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, key))
+    await conn.execute("SELECT pg_notify(%s, %s)", (channel_of(key), key))

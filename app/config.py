@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     pool_min_size: int = 2
     pool_max_size: int = 20
     pool_timeout: float = 5.0
+    # A worker's runs wait longer than a request: giving up stops the run, and its session
+    # waits out the lease before another worker resumes it.
+    worker_pool_timeout: float = Field(default=30.0, gt=0)
     # Set on every pooled connection, so a stuck lock or a runaway query gives the connection
     # back (and the request a 503) instead of holding it.
     db_statement_timeout: float = Field(default=10.0, ge=0)  # 0: none

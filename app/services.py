@@ -45,15 +45,20 @@ class Services:
 
     @classmethod
     def create(
-        cls, settings: Settings, database_url: str, channels: Collection[str] = (STREAMS_CHANNEL,)
+        cls,
+        settings: Settings,
+        database_url: str,
+        channels: Collection[str] = (STREAMS_CHANNEL,),
+        pool_timeout: float | None = None,
     ) -> Services:
         """`channels`: what the process's bus listens on (STREAMS_CHANNEL to serve streams,
-        RUNS_CHANNEL to run a worker)."""
+        RUNS_CHANNEL to run a worker); `pool_timeout`: the pool's wait for a connection, if
+        not `FERRYMAN_POOL_TIMEOUT`."""
         db = Database(
             database_url,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            timeout=settings.pool_timeout,
+            timeout=pool_timeout or settings.pool_timeout,
             limits=SessionLimits(
                 statement_timeout=settings.db_statement_timeout,
                 lock_timeout=settings.db_lock_timeout,

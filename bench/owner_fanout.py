@@ -237,13 +237,26 @@ async def create_owner(url: str) -> tuple[str, str]:
     return owner, key
 
 
+# `--sse`: the module the server runs as (`python -m MODULE serve`), by SSE response class.
+SERVER_MODULES = {"ferryman": "app", "sse-starlette": "bench.sse_starlette_serve"}
+
+
 class Server:
-    def __init__(self, url: str, env: dict[str, str]) -> None:
+    def __init__(self, url: str, env: dict[str, str], module: str = "app") -> None:
         self.port = free_port()
         self.log_path = f"/tmp/ferryman-bench-server-{self.port}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                module,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
             env={**os.environ, "DATABASE_URL": url, "FERRYMAN_LOG_FORMAT": "json", **env},
             cwd=REPO,
             stdout=self.log,
@@ -445,7 +458,7 @@ def run_scenario(
     args: argparse.Namespace, url: str, key: str, owner: str, subscribers: int
 ) -> Result:
     env = dict(item.split("=", 1) for item in args.env)
-    server = Server(url, env)
+    server = Server(url, env, SERVER_MODULES[args.sse])
     procs: list[Any] = []
     sampler: RssSampler | None = None
     spy: subprocess.Popen[bytes] | None = None
@@ -680,6 +693,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of writing")
     parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument(
+        "--sse",
+        choices=sorted(SERVER_MODULES),
+        default="ferryman",
+        help="the SSE response class: Ferryman's own (a StreamingResponse) or sse-starlette's "
+        "EventSourceResponse (bench/sse_starlette_serve.py)",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL"),
         help="a server to create the bench database on (default: $DATABASE_URL, "
@@ -759,6 +779,7 @@ def main() -> int:
     print(
         f"machine: {os.cpu_count()} cores; rate {args.rate}/s for {args.duration}s;"
         f" subscribers {args.subscribers} over {args.client_processes} client processes;"
+        f" SSE response: {args.sse};"
         f" niceness {os.nice(0)}; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )

@@ -28,7 +28,7 @@ _SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {"description": "Server-Sent Events; each `data:` is one JSON value."},
     **problems(*ANY_ERRORS, 400, 429),
 }
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 # Documented once, as the query parameter: generated clients get one `last_event_id`.
 LastEventIdHeader = Annotated[str | None, Header(alias="Last-Event-ID", include_in_schema=False)]
@@ -48,7 +48,7 @@ class EventStreamResponse(StreamingResponse):
     process shut down)."""
 
     def __init__(self, body: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
-        super().__init__(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
         self.stream = body
         self.release = release
         self.client_gone = False

@@ -300,7 +300,7 @@ async def _run_worker(settings: Settings, url: str) -> None:
     from app.services import Services
     from app.store.notify import RUNS_CHANNEL
 
-    services = Services.create(settings, url, (RUNS_CHANNEL,))
+    services = Services.create(settings, url, (RUNS_CHANNEL,), settings.worker_pool_timeout)
     try:
         await services.start()
         worker = Worker(settings, services.db, services.bus)

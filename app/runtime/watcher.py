@@ -60,6 +60,9 @@ async def _peer_died(conn: Connection, key: int, membership: asyncio.Event) -> b
     changed = asyncio.ensure_future(membership.wait())
     try:
         await asyncio.wait({death, changed}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        death.cancel()  # the worker stops: its connection closes under the wait
+        raise
     finally:
         changed.cancel()
     if not death.done():

@@ -1,7 +1,7 @@
 """Clients generated from docs/openapi.json work, typed, against a running server.
 
 - Python: openapi-python-client (from PyPI, at the version pinned below, in a virtualenv of its
-  own: it caps typer below the version the project runs) generates `ferryman_client`;
+  own: its pins, typer's among them, need not fit the project's) generates `ferryman_client`;
   tests/clients/python_client_check.py is type-checked against it with mypy --strict, then
   run against a server.
 - TypeScript: openapi-typescript and openapi-fetch (from the npm registry, at the versions

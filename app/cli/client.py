@@ -3,7 +3,9 @@
 They stand on the SDK (app.client) alone, never on the server's modules, so they start fast and
 work against any Ferryman URL: FERRYMAN_URL (default http://127.0.0.1:8000) and
 FERRYMAN_API_KEY, or --url and --api-key. The SDK, rich and asyncio are imported inside the
-commands: `ferryman --help` loads none of them.
+commands: `ferryman --help` loads none of them. The commands take the API's JSON as it comes
+(`Ferryman.raw`), not the SDK's models: a command line does not pay for importing pydantic
+(only `watch`, on `OwnerSessionClient`, does).
 
 A request the API refuses prints `error: <status> <CODE>: <detail>` and exits 1; a server that
 cannot be reached, or bad usage, exits 2; Ctrl-C exits 130 without a traceback. Commands that
@@ -21,11 +23,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
 
-from app.cli.common import DEBUG_HINT, debugging, fail, one_line
+from app.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,28 +65,27 @@ def status_exit(status: str) -> int:
 
 # --- options ------------------------------------------------------------------------------------
 
-Url = Annotated[
-    str | None,
-    typer.Option(
-        "--url",
-        metavar="URL",
-        envvar="FERRYMAN_URL",
-        show_envvar=True,
-        help="The Ferryman server [default: http://127.0.0.1:8000].",
-    ),
-]
-ApiKey = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        metavar="KEY",
-        envvar="FERRYMAN_API_KEY",
-        show_envvar=True,
-        help="An API key (`ferryman keys create`); none in local mode.",
-    ),
-]
-AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
-SessionId = Annotated[str, typer.Argument(metavar="ID", help="The session's id.")]
+url_option = click.option(
+    "--url",
+    metavar="URL",
+    envvar="FERRYMAN_URL",
+    show_envvar=True,
+    help="The Ferryman server [default: http://127.0.0.1:8000].",
+)
+api_key_option = click.option(
+    "--api-key",
+    metavar="KEY",
+    envvar="FERRYMAN_API_KEY",
+    show_envvar=True,
+    help="An API key (`ferryman keys create`); none in local mode.",
+)
+
+
+def json_option(help: str = "Print the API's JSON.") -> Callable[[Any], Any]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+session_id_argument = click.argument("session_id", metavar="ID", help="The session's id.")
 
 
 @contextlib.contextmanager
@@ -93,10 +94,11 @@ def _quick_imports() -> Iterator[None]:
     0.03 s of the 0.3 s it takes here):
 
     - httpx imports its own command-line client (click, rich, pygments) whenever those are
-      installed, and here they are (uvicorn and typer bring them): marked absent, `httpx.main`
+      installed, and here they are (uvicorn brings them): marked absent, `httpx.main`
       is httpx's stand-in for it;
     - pydantic looks for plugins in every installed distribution's entry points when the first
-      model is defined: skipped, as typer skips it for its own adapters."""
+      model is defined: skipped (only `watch` defines models; the other commands take the API's
+      JSON as it comes)."""
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
     os.environ["PYDANTIC_DISABLE_PLUGINS"] = "1"
@@ -118,11 +120,11 @@ def _errors() -> Iterator[None]:
 
     try:
         yield
-    except (typer.Exit, typer.Abort, BrokenPipeError):
+    except (Exit, click.Abort, BrokenPipeError):
         raise  # a closed pipe (`| head`): click exits 1 quietly
     except KeyboardInterrupt:
         _end_line()
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise Exit(EXIT_INTERRUPTED) from None
     except Exception as exc:
         _end_line()
         if debugging():
@@ -148,18 +150,13 @@ def _client(url: str | None, api_key: str | None) -> Iterator[Ferryman]:
 def _end_line() -> None:
     """Leave the terminal at the start of a line (after a reply cut by Ctrl-C)."""
     if _View.mid_line:
-        typer.echo()
+        click.echo()
         _View.mid_line = False
 
 
 def _print_json(value: Any, *, indent: int | None = 2) -> None:
     separators = None if indent else (",", ":")
-    typer.echo(json.dumps(value, ensure_ascii=False, indent=indent, separators=separators))
-
-
-def _wire(model: Any) -> Any:
-    """A model of the SDK as the API's JSON."""
-    return model.model_dump(mode="json", by_alias=True)
+    click.echo(json.dumps(value, ensure_ascii=False, indent=indent, separators=separators))
 
 
 # --- a session's events, for a person -----------------------------------------------------------
@@ -223,19 +220,19 @@ class _View:
 
     def write(self, text: str) -> None:
         if text:
-            typer.echo(text, nl=False)
+            click.echo(text, nl=False)
             sys.stdout.flush()
             _View.mid_line = not text.endswith("\n")
 
     def line(self, text: str, **style: Any) -> None:
         _end_line()
-        typer.secho(text, **style)
+        click.secho(text, **style)
 
     def notice(self, text: str) -> None:
         self.line(f"· {text}", dim=True)
 
     def warning(self, text: str) -> None:
-        self.line(f"! {text}", fg=typer.colors.YELLOW)
+        self.line(f"! {text}", fg="yellow")
 
     def drop_partial(self, why: str) -> None:
         if self.partial:
@@ -269,7 +266,7 @@ class _View:
             self.notice("the reply was cut short")
 
     def user_message(self, event: StreamEvent) -> None:
-        self.line(f"» {event.data.get('text', '')}", fg=typer.colors.CYAN)
+        self.line(f"» {event.data.get('text', '')}", fg="cyan")
 
     def tool_call_start(self, event: StreamEvent) -> None:
         data = event.data
@@ -280,15 +277,15 @@ class _View:
         name = data.get("name")
         content = _short(str(data.get("content", "")), MAX_RESULT_CHARS)
         if not data.get("isError"):
-            self.line(f"✓ {name} ok", fg=typer.colors.GREEN)
+            self.line(f"✓ {name} ok", fg="green")
         elif data.get("interrupted"):
-            self.line(f"✗ {name} interrupted: its worker stopped", fg=typer.colors.RED)
+            self.line(f"✗ {name} interrupted: its worker stopped", fg="red")
         elif data.get("timedOut"):
-            self.line(f"✗ {name} timed out", fg=typer.colors.RED)
+            self.line(f"✗ {name} timed out", fg="red")
         elif data.get("denied"):
-            self.line(f"✗ {name} {content}", fg=typer.colors.RED)
+            self.line(f"✗ {name} {content}", fg="red")
         else:
-            self.line(f"✗ {name} error: {content}", fg=typer.colors.RED)
+            self.line(f"✗ {name} error: {content}", fg="red")
 
     def approval_requested(self, event: StreamEvent) -> None:
         data = event.data
@@ -296,7 +293,7 @@ class _View:
         self.line(
             f"? tool {data.get('name')} {_arguments(data.get('arguments', {}))} waits for "
             f"approval: ferryman sessions approve {event.session_id} {call} [--deny]",
-            fg=typer.colors.YELLOW,
+            fg="yellow",
         )
 
     def approval_decided(self, event: StreamEvent) -> None:
@@ -307,7 +304,7 @@ class _View:
 
     def user_question(self, event: StreamEvent) -> None:
         options = event.data.get("options") or []
-        self.line(f"? {event.data.get('question', '')}", fg=typer.colors.YELLOW)
+        self.line(f"? {event.data.get('question', '')}", fg="yellow")
         if options:
             self.line(f"  options: {' | '.join(str(option) for option in options)}")
 
@@ -352,7 +349,7 @@ class _View:
             detail += f" ({data['note']})"
         if status == "waiting":
             detail += f"; answer with `ferryman sessions send {event.session_id} TEXT`"
-        color = {"succeeded": typer.colors.GREEN, "failed": typer.colors.RED}.get(status)
+        color = {"succeeded": "green", "failed": "red"}.get(status)
         self.line(f"· session {status}{detail}", fg=color, dim=color is None)
 
 
@@ -398,7 +395,7 @@ def _follow(
     # (asking for it then answers 404).
     if ended is not None:
         return status_exit(ended)
-    return status_exit(client.get_session(session_id).status)
+    return status_exit(client.raw.get_session(session_id)["status"])
 
 
 def _resync_problem(
@@ -406,7 +403,7 @@ def _resync_problem(
 ) -> str:
     reason = event.data.get("reason", "resync_required")
     if reason == "cursor_ahead":
-        last = client.get_session(session_id).last_seq
+        last = client.raw.get_session(session_id)["lastSeq"]
         return f"--after {after} is past the session's last event (seq {last})"
     return f"the stream cannot resume after seq {after} ({reason}); try a smaller --after"
 
@@ -428,58 +425,57 @@ def _read_script(path: Path) -> list[dict[str, Any]]:
     return turns
 
 
+@click.command(short_help="Start a session and stream it.")
+@click.argument("prompt", metavar="PROMPT", help="The opening user message.")
+@click.option(
+    "--model",
+    metavar="MODEL",
+    help="scripted, openai:NAME or anthropic:NAME [server's FERRYMAN_MODEL].",
+)
+@click.option("--instructions", metavar="TEXT", help="The system prompt.")
+@click.option(
+    "--script",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A JSON file (- for stdin) with the scripted model's turns: "
+    '[{"text": ..., "toolCalls": [{"name": ..., "arguments": {...}}]}, ...].',
+)
+@click.option("--title", metavar="TEXT", help="The title [the prompt's first line].")
+@click.option(
+    "--tool",
+    "tool",
+    multiple=True,
+    metavar="NAME",
+    help="A tool the agent may use (repeat; default: all).",
+)
+@click.option(
+    "--approval-required",
+    "approval_required",
+    multiple=True,
+    metavar="NAME",
+    help="A tool whose every call waits for your approval (repeat).",
+)
+@click.option(
+    "--follow/--no-follow",
+    default=True,
+    show_default=True,
+    help="Stream the session until it ends, or print its id.",
+)
+@json_option("The session's JSON; with --follow, one event envelope a line (NDJSON).")
+@url_option
+@api_key_option
 def run(
-    prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The opening user message.")],
-    model: Annotated[
-        str | None,
-        typer.Option(
-            metavar="MODEL",
-            help="scripted, openai:NAME or anthropic:NAME [server's FERRYMAN_MODEL].",
-        ),
-    ] = None,
-    instructions: Annotated[
-        str | None, typer.Option(metavar="TEXT", help="The system prompt.")
-    ] = None,
-    script: Annotated[
-        Path | None,
-        typer.Option(
-            help="A JSON file (- for stdin) with the scripted model's turns: "
-            '[{"text": ..., "toolCalls": [{"name": ..., "arguments": {...}}]}, ...].',
-            dir_okay=False,
-            metavar="FILE",
-        ),
-    ] = None,
-    title: Annotated[
-        str | None, typer.Option(metavar="TEXT", help="The title [the prompt's first line].")
-    ] = None,
-    tool: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--tool", metavar="NAME", help="A tool the agent may use (repeat; default: all)."
-        ),
-    ] = None,
-    approval_required: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--approval-required",
-            metavar="NAME",
-            help="A tool whose every call waits for your approval (repeat).",
-        ),
-    ] = None,
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "--follow/--no-follow", help="Stream the session until it ends, or print its id."
-        ),
-    ] = True,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json", help="The session's JSON; with --follow, one event envelope a line (NDJSON)."
-        ),
-    ] = False,
-    url: Url = None,
-    api_key: ApiKey = None,
+    prompt: str,
+    model: str | None,
+    instructions: str | None,
+    script: Path | None,
+    title: str | None,
+    tool: tuple[str, ...],
+    approval_required: tuple[str, ...],
+    follow: bool,
+    as_json: bool,
+    url: str | None,
+    api_key: str | None,
 ) -> None:
     """Start a session and stream it: the reply as it comes, tool calls, retries and resumes.
 
@@ -487,65 +483,71 @@ def run(
     """
     turns = _read_script(script) if script is not None else None
     with _client(url, api_key) as client:
-        session = client.create_session(
+        session = client.raw.create_session(
             prompt,
             title=title,
             model=model,
             instructions=instructions,
             script=turns,
-            tools=tool or None,
-            approval_required=approval_required or None,
+            tools=list(tool) or None,
+            approval_required=list(approval_required) or None,
         )
         if not follow:
             if as_json:
-                _print_json(_wire(session))
+                _print_json(session)
             else:
-                typer.echo(session.id)
+                click.echo(session["id"])
             return
         if not as_json:
-            typer.secho(f"· session {session.id}", dim=True)
+            click.secho(f"· session {session['id']}", dim=True)
         # JSON: the whole log (its user_message first); a person: what comes after the prompt.
-        after = None if as_json else session.last_seq
-        code = _follow(client, session.id, after=after, as_json=as_json, from_creation=True)
-    raise typer.Exit(code)
+        after = None if as_json else session["lastSeq"]
+        code = _follow(client, session["id"], after=after, as_json=as_json, from_creation=True)
+    raise Exit(code)
 
 
 # --- follow -------------------------------------------------------------------------------------
 
 
+@click.command("follow", short_help="Stream a session's events, live.")
+@session_id_argument
+@click.option(
+    "--after",
+    type=click.IntRange(min=0),
+    metavar="SEQ",
+    help="Start after this event number [from the start].",
+)
+@click.option(
+    "--follow/--no-follow",
+    default=True,
+    show_default=True,
+    help="Go on live until the session ends, or stop caught up.",
+)
+@json_option("One event envelope a line (NDJSON).")
+@url_option
+@api_key_option
 def follow_command(
-    session_id: SessionId,
-    after: Annotated[
-        int | None,
-        typer.Option(min=0, metavar="SEQ", help="Start after this event number [from the start]."),
-    ] = None,
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "--follow/--no-follow", help="Go on live until the session ends, or stop caught up."
-        ),
-    ] = True,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One event envelope a line (NDJSON).")
-    ] = False,
-    url: Url = None,
-    api_key: ApiKey = None,
+    session_id: str,
+    after: int | None,
+    follow: bool,
+    as_json: bool,
+    url: str | None,
+    api_key: str | None,
 ) -> None:
     """Stream a session's events from any point, as `ferryman run` shows them."""
     with _client(url, api_key) as client:
-        client.get_session(session_id)  # 404, or an unreachable server, fails here at once
+        client.raw.get_session(session_id)  # 404, or an unreachable server, fails here at once
         code = _follow(client, session_id, after=after, follow=follow, as_json=as_json)
-    raise typer.Exit(code)
+    raise Exit(code)
 
 
 # --- sessions -----------------------------------------------------------------------------------
 
-sessions_cli = typer.Typer(
-    help="List, inspect, steer, cancel and delete sessions.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-)
+
+@click.group("sessions", cls=Group, no_args_is_help=True)
+def sessions_cli() -> None:
+    """List, inspect, steer, cancel and delete sessions."""
+
 
 STATUS_STYLES = {
     "queued": "dim",
@@ -557,9 +559,9 @@ STATUS_STYLES = {
 }
 
 
-def _when(moment: datetime) -> str:
-    """Local time; the date too unless it is today."""
-    local = moment.astimezone()
+def _when(moment: str) -> str:
+    """An RFC 3339 time of the API as local time; the date too unless it is today."""
+    local = datetime.fromisoformat(moment).astimezone()
     if local.date() == datetime.now().astimezone().date():
         return local.strftime("%H:%M:%S")
     return local.strftime("%Y-%m-%d %H:%M")
@@ -573,7 +575,8 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=10_000)
 
 
-def _sessions_table(sessions: list[Session]) -> Table:
+def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
+    """Sessions as the API shows them (camelCase JSON), a row each."""
     from rich.table import Table
     from rich.text import Text
 
@@ -584,195 +587,219 @@ def _sessions_table(sessions: list[Session]) -> Table:
     table.add_column("ATTEMPT", justify="right", no_wrap=True)
     table.add_column("UPDATED", no_wrap=True)
     for session in sessions:
+        status = str(session["status"])
         table.add_row(
-            session.id,
-            Text(session.title),  # a title is text, not rich markup
-            Text(session.status, style=STATUS_STYLES.get(session.status, "")),
-            str(session.attempt),
-            _when(session.updated_at),
+            str(session["id"]),
+            Text(str(session["title"])),  # a title is text, not rich markup
+            Text(status, style=STATUS_STYLES.get(status, "")),
+            str(session["attempt"]),
+            _when(session["updatedAt"]),
         )
     return table
 
 
 @sessions_cli.command("list")
+@click.option(
+    "--status",
+    "-s",
+    "status",
+    multiple=True,
+    metavar="STATUS",
+    help="Only sessions in this status (repeat): queued, running, waiting, "
+    "succeeded, failed, cancelled.",
+)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(1, 200),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="At most N rows.",
+)
+@json_option("The API's page: {sessions, cursor, nextPageToken}.")
+@url_option
+@api_key_option
 def sessions_list(
-    status: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--status",
-            "-s",
-            metavar="STATUS",
-            help="Only sessions in this status (repeat): queued, running, waiting, "
-            "succeeded, failed, cancelled.",
-        ),
-    ] = None,
-    limit: Annotated[
-        int, typer.Option("--limit", "-n", metavar="N", min=1, max=200, help="At most N rows.")
-    ] = 20,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="The API's page: {sessions, cursor, nextPageToken}.")
-    ] = False,
-    url: Url = None,
-    api_key: ApiKey = None,
+    status: tuple[str, ...], limit: int, as_json: bool, url: str | None, api_key: str | None
 ) -> None:
     """The newest sessions first."""
     with _client(url, api_key) as client:
-        page = client.list_sessions(status=status or None, limit=limit)
+        page = client.raw.list_sessions(status=list(status) or None, limit=limit)
     if as_json:
-        _print_json(_wire(page))
+        _print_json(page)
         return
-    if not page.sessions:
-        typer.echo("no sessions")
+    if not page["sessions"]:
+        click.echo("no sessions")
         return
     console = _console()
-    console.print(_sessions_table(page.sessions), soft_wrap=False)
-    if page.next_page_token:
+    console.print(_sessions_table(page["sessions"]), soft_wrap=False)
+    if page.get("nextPageToken"):
         console.print(f"[dim]… more: --limit {min(limit * 2, 200)}[/]")
 
 
 @sessions_cli.command("show")
-def sessions_show(
-    session_id: SessionId, as_json: AsJson = False, url: Url = None, api_key: ApiKey = None
-) -> None:
+@session_id_argument
+@json_option()
+@url_option
+@api_key_option
+def sessions_show(session_id: str, as_json: bool, url: str | None, api_key: str | None) -> None:
     """One session: status, attempt, model, usage, error, lease."""
     with _client(url, api_key) as client:
-        session = client.get_session(session_id)
+        session = client.raw.get_session(session_id)
     if as_json:
-        _print_json(_wire(session))
+        _print_json(session)
         return
-    usage = session.usage
+    usage = session.get("usage") or {}
+    cancel_requested = " (cancel requested)" if session.get("cancelRequested") else ""
     rows: list[tuple[str, Any]] = [
-        ("id", session.id),
-        ("title", session.title),
-        ("status", session.status + (" (cancel requested)" if session.cancel_requested else "")),
-        ("attempt", session.attempt),
-        ("model", session.model),
-        ("events", session.last_seq),
-        ("created", _when(session.created_at)),
-        ("updated", _when(session.updated_at)),
+        ("id", session["id"]),
+        ("title", session["title"]),
+        ("status", session["status"] + cancel_requested),
+        ("attempt", session["attempt"]),
+        ("model", session["model"]),
+        ("events", session["lastSeq"]),
+        ("created", _when(session["createdAt"])),
+        ("updated", _when(session["updatedAt"])),
         (
             "usage",
-            f"{usage.input_tokens} in, {usage.output_tokens} out, {usage.cached_tokens} cached",
+            f"{usage.get('inputTokens', 0)} in, {usage.get('outputTokens', 0)} out, "
+            f"{usage.get('cachedTokens', 0)} cached",
         ),
     ]
-    if session.active_stage:
-        rows.append(("stage", session.active_stage))
-    if session.lease is not None:
-        pid = f" (pid {session.lease.pid})" if session.lease.pid else ""
-        rows.append(("worker", f"{session.lease.worker_id}{pid}"))
-    if session.error:
-        rows.append(
-            ("error", f"{session.error.get('code', '')}: {session.error.get('message', '')}")
-        )
-    rows.append(("prompt", _short(session.prompt, 200)))
+    if session.get("activeStage"):
+        rows.append(("stage", session["activeStage"]))
+    lease = session.get("lease")
+    if lease is not None:
+        pid = f" (pid {lease['pid']})" if lease.get("pid") else ""
+        rows.append(("worker", f"{lease['workerId']}{pid}"))
+    error = session.get("error")
+    if error:
+        rows.append(("error", f"{error.get('code', '')}: {error.get('message', '')}"))
+    rows.append(("prompt", _short(session["prompt"], 200)))
     for name, value in rows:
-        typer.echo(f"{name + ':':<9} {value}")
+        click.echo(f"{name + ':':<9} {value}")
 
 
 @sessions_cli.command("cancel")
+@session_id_argument
+@click.option("--wait", is_flag=True, help="Wait (at most 30 s) until the session has ended.")
+@json_option()
+@url_option
+@api_key_option
 def sessions_cancel(
-    session_id: SessionId,
-    wait: Annotated[
-        bool, typer.Option("--wait", help="Wait (at most 30 s) until the session has ended.")
-    ] = False,
-    as_json: AsJson = False,
-    url: Url = None,
-    api_key: ApiKey = None,
+    session_id: str, wait: bool, as_json: bool, url: str | None, api_key: str | None
 ) -> None:
     """Cancel a session: at once if queued or waiting, else once its worker has stopped."""
     with _client(url, api_key) as client:
-        answer = client.cancel_session(session_id, wait=wait)
+        answer = client.raw.cancel_session(session_id, wait=wait)
     if as_json:
-        _print_json(_wire(answer))
-    elif answer.status in TERMINAL:
-        typer.echo(f"{answer.id} {answer.status}")
+        _print_json(answer)
+    elif answer["status"] in TERMINAL:
+        click.echo(f"{answer['id']} {answer['status']}")
     else:
-        typer.echo(f"{answer.id} cancel requested (still {answer.status})")
+        click.echo(f"{answer['id']} cancel requested (still {answer['status']})")
 
 
 @sessions_cli.command("send")
+@session_id_argument
+@click.argument("text", metavar="TEXT", help="The message.")
+@click.option(
+    "--follow", is_flag=True, help="Then stream the session until it ends, as `run` does."
+)
+@json_option()
+@url_option
+@api_key_option
 def sessions_send(
-    session_id: SessionId,
-    text: Annotated[str, typer.Argument(metavar="TEXT", help="The message.")],
-    follow: Annotated[
-        bool,
-        typer.Option("--follow", help="Then stream the session until it ends, as `run` does."),
-    ] = False,
-    as_json: AsJson = False,
-    url: Url = None,
-    api_key: ApiKey = None,
+    session_id: str,
+    text: str,
+    follow: bool,
+    as_json: bool,
+    url: str | None,
+    api_key: str | None,
 ) -> None:
     """Send a message: steers a running session, re-queues a waiting or ended one."""
     with _client(url, api_key) as client:
-        accepted = client.send_message(session_id, text)
+        accepted = client.raw.send_message(session_id, text)
         if as_json and not follow:
-            _print_json(_wire(accepted))
+            _print_json(accepted)
             return
-        message = accepted.message
+        message = accepted["message"]
         if not as_json:
-            typer.echo(f"sent as event {message.seq} ({message.delivery})")
+            click.echo(f"sent as event {message['seq']} ({message['delivery']})")
         if not follow:
             return
-        code = _follow(client, session_id, after=message.seq, as_json=as_json)
-    raise typer.Exit(code)
+        code = _follow(client, session_id, after=message["seq"], as_json=as_json)
+    raise Exit(code)
 
 
 @sessions_cli.command("approve")
+@session_id_argument
+@click.argument("tool_call_id", metavar="CALL_ID", help="The call's id (tool_approval_requested).")
+@click.option("--deny", is_flag=True, help="Deny the call instead.")
+@click.option("--reason", metavar="TEXT", help="Why (the model sees it).")
+@url_option
+@api_key_option
 def sessions_approve(
-    session_id: SessionId,
-    tool_call_id: Annotated[
-        str, typer.Argument(metavar="CALL_ID", help="The call's id (tool_approval_requested).")
-    ],
-    deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
-    reason: Annotated[
-        str | None, typer.Option(metavar="TEXT", help="Why (the model sees it).")
-    ] = None,
-    url: Url = None,
-    api_key: ApiKey = None,
+    session_id: str,
+    tool_call_id: str,
+    deny: bool,
+    reason: str | None,
+    url: str | None,
+    api_key: str | None,
 ) -> None:
     """Approve (or --deny) a tool call that waits for approval."""
     with _client(url, api_key) as client:
-        decided = client.decide_tool_call(session_id, tool_call_id, not deny, reason=reason)
-    verdict = "approved" if decided.approved else "denied"
-    typer.echo(f"{decided.tool_call_id} {verdict}; session {decided.id} is {decided.status}")
+        decided = client.raw.decide_tool_call(session_id, tool_call_id, not deny, reason=reason)
+    verdict = "approved" if decided["approved"] else "denied"
+    click.echo(f"{decided['toolCallId']} {verdict}; session {decided['id']} is {decided['status']}")
 
 
 @sessions_cli.command("rename")
+@session_id_argument
+@click.argument("title", metavar="TITLE", help="The new title.")
+@json_option()
+@url_option
+@api_key_option
 def sessions_rename(
-    session_id: SessionId,
-    title: Annotated[str, typer.Argument(metavar="TITLE", help="The new title.")],
-    as_json: AsJson = False,
-    url: Url = None,
-    api_key: ApiKey = None,
+    session_id: str, title: str, as_json: bool, url: str | None, api_key: str | None
 ) -> None:
     """Give a session a new title."""
     with _client(url, api_key) as client:
-        session = client.rename_session(session_id, title)
+        session = client.raw.rename_session(session_id, title)
     if as_json:
-        _print_json(_wire(session))
+        _print_json(session)
     else:
-        typer.echo(f"{session.id} {session.title}")
+        click.echo(f"{session['id']} {session['title']}")
 
 
 @sessions_cli.command("delete")
-def sessions_delete(session_id: SessionId, url: Url = None, api_key: ApiKey = None) -> None:
+@session_id_argument
+@url_option
+@api_key_option
+def sessions_delete(session_id: str, url: str | None, api_key: str | None) -> None:
     """Delete a session (cancelling it first if it runs)."""
     with _client(url, api_key) as client:
-        client.delete_session(session_id)
-    typer.echo(f"{session_id} deleted")
+        client.raw.delete_session(session_id)
+    click.echo(f"{session_id} deleted")
 
 
 # --- watch --------------------------------------------------------------------------------------
 
 
-def watch(
-    limit: Annotated[
-        int,
-        typer.Option("--limit", "-n", metavar="N", min=1, max=200, help="Rows shown (the newest)."),
-    ] = 20,
-    url: Url = None,
-    api_key: ApiKey = None,
-) -> None:
+@click.command(short_help="A live table of your sessions.")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(1, 200),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Rows shown (the newest).",
+)
+@url_option
+@api_key_option
+def watch(limit: int, url: str | None, api_key: str | None) -> None:
     """A live table of your sessions, until Ctrl-C.
 
     When the output is not a terminal, one line per change instead:
@@ -790,7 +817,9 @@ def watch(
 
 
 async def _watch(client: AsyncFerryman, limit: int) -> None:
-    from app.client import OwnerSessionClient
+    with _quick_imports():
+        # Its live picture is of the SDK's models: the one client command that loads pydantic.
+        from app.client import OwnerSessionClient
 
     async with client, OwnerSessionClient(client) as live:
         if sys.stdout.isatty():
@@ -820,7 +849,7 @@ async def _watch_table(live: OwnerSessionClient, limit: int) -> None:
                 f"{state}   {len(shown)} of {len(picture)} sessions, newest first"
                 "   [dim]Ctrl-C to quit[/]"
             )
-            table = _sessions_table(shown)
+            table = _sessions_table([s.model_dump(mode="json", by_alias=True) for s in shown])
             table.caption = caption
             table.caption_justify = "left"
             view.update(table, refresh=True)
@@ -835,7 +864,7 @@ async def _watch_lines(live: OwnerSessionClient, limit: int) -> None:
         now = datetime.now().astimezone().strftime("%H:%M:%S")
         if live.connected != connected:
             connected = live.connected
-            typer.echo(f"{now} {'connected' if connected else 'reconnecting…'}")
+            click.echo(f"{now} {'connected' if connected else 'reconnecting…'}")
         # At first the newest `limit` sessions, oldest first; then every change.
         shown = {s.id for s in _newest(picture, limit)} if first else set(picture)
         first = False
@@ -844,30 +873,28 @@ async def _watch_lines(live: OwnerSessionClient, limit: int) -> None:
             if known.get(session.id) != state:
                 known[session.id] = state
                 if session.id in shown:
-                    typer.echo(
+                    click.echo(
                         f"{now} {session.id} {session.status:<9} attempt {session.attempt} "
                         f"{session.title}"
                     )
         for session_id in [known_id for known_id in known if known_id not in picture]:
             del known[session_id]
-            typer.echo(f"{now} {session_id} deleted")
+            click.echo(f"{now} {session_id} deleted")
         sys.stdout.flush()
 
 
 # --- the group ----------------------------------------------------------------------------------
 
 
-def _with_exit_codes(command: Callable[..., None]) -> str:
-    return f"{inspect.cleandoc(command.__doc__ or '')}\n\n{EXIT_CODES_HELP}"
+def _with_exit_codes(command: click.Command) -> str:
+    return f"{inspect.cleandoc(command.help or '')}\n\n{EXIT_CODES_HELP}"
 
 
-def register(cli: typer.Typer) -> None:
+run.help = _with_exit_codes(run)
+follow_command.help = _with_exit_codes(follow_command)
+
+
+def register(cli: click.Group) -> None:
     """Add the client commands to `cli`."""
-    cli.command(short_help="Start a session and stream it.", help=_with_exit_codes(run))(run)
-    cli.command(
-        "follow",
-        short_help="Stream a session's events, live.",
-        help=_with_exit_codes(follow_command),
-    )(follow_command)
-    cli.command(short_help="A live table of your sessions.")(watch)
-    cli.add_typer(sessions_cli, name="sessions")
+    for command in (run, follow_command, watch, sessions_cli):
+        cli.add_command(command)

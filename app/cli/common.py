@@ -1,6 +1,6 @@
-"""What every `ferryman` command shares: the one-line failure, and the debug switch.
+"""What every `ferryman` command shares: the one-line failure, the exit, and the debug switch.
 
-Imports only the standard library and typer: everything here is loaded by `ferryman --help`.
+Imports only the standard library and click: everything here is loaded by `ferryman --help`.
 """
 
 from __future__ import annotations
@@ -8,15 +8,26 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
-import typer
+import click
+from click.exceptions import Exit
+
+__all__ = ["DEBUG_HINT", "Exit", "Group", "debugging", "fail", "one_line"]
 
 DEBUG_HINT = "FERRYMAN_LOG_LEVEL=debug or `ferryman --debug COMMAND` shows the traceback"
 
 
+class Group(click.Group):
+    """A group whose help lists its commands as they were added, then its groups."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = list(self.commands)
+        return sorted(names, key=lambda name: isinstance(self.commands[name], click.Group))
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """`error: MESSAGE` on one line of stderr, and exit with `code`."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=code)
+    click.secho(f"error: {message}", fg="red", err=True)
+    raise Exit(code)
 
 
 def one_line(exc: BaseException) -> str:

@@ -15,23 +15,22 @@ import signal
 import socket
 import traceback
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import typer
+import click
 
-from app.cli.common import DEBUG_HINT, debugging, fail, one_line
+from app.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from app.config import Settings
 
-keys_cli = typer.Typer(
-    help="Manage API keys (stored hashed; shown once).",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-)
+
+@click.group("keys", cls=Group, no_args_is_help=True)
+def keys_cli() -> None:
+    """Manage API keys (stored hashed; shown once)."""
+
 
 T = TypeVar("T")
 
@@ -45,7 +44,7 @@ def _starting() -> Iterator[None]:
     """Report a failure to start as one line on stderr, and exit non-zero."""
     try:
         yield
-    except (typer.Exit, typer.Abort):
+    except (Exit, click.Abort):
         raise
     except Exception as exc:
         known = isinstance(exc, StartupFailure)
@@ -207,13 +206,13 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def serve(
-    host: Annotated[str | None, typer.Option(help="Bind address [FERRYMAN_HOST].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [FERRYMAN_PORT].")] = None,
-    worker: Annotated[
-        bool, typer.Option("--worker/--no-worker", help="Run a worker in this process.")
-    ] = True,
-) -> None:
+@click.command(short_help="Run the API and a worker.")
+@click.option("--host", metavar="HOST", help="Bind address [FERRYMAN_HOST].")
+@click.option("--port", type=int, metavar="PORT", help="Port [FERRYMAN_PORT].")
+@click.option(
+    "--worker/--no-worker", default=True, show_default=True, help="Run a worker in this process."
+)
+def serve(host: str | None, port: int | None, worker: bool) -> None:
     """Run the API and a worker (on the embedded PostgreSQL unless DATABASE_URL is set)."""
     from app.config import is_loopback
 
@@ -230,13 +229,13 @@ def serve(
                 "`ferryman keys create --owner NAME`, or bind to 127.0.0.1."
             )
         sock = _listen(settings.host, settings.port)
-        typer.echo("Preparing the database ...", err=True)
+        click.echo("Preparing the database ...", err=True)
         url = _prepare(settings)
         if settings.auth_mode == "keys" and not _any_active_key(settings, url):
-            typer.secho(
+            click.secho(
                 "warning: no API key exists yet, so every request will answer 401; create one "
                 "with `ferryman keys create --owner NAME`",
-                fg=typer.colors.YELLOW,
+                fg="yellow",
                 err=True,
             )
         import uvicorn
@@ -250,7 +249,7 @@ def serve(
         bound = _url(settings.host, sock.getsockname()[1])
 
     def started() -> None:
-        typer.echo(f"Ferryman on {bound} (auth: {settings.auth_mode})", err=True)
+        click.echo(f"Ferryman on {bound} (auth: {settings.auth_mode})", err=True)
 
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully. Under the
     # default SIGTERM action the process would die on the spot, skipping the atexit hook that
@@ -276,12 +275,14 @@ def _any_active_key(settings: Settings, url: str) -> bool:
     return bool(_on_database(settings, lambda: _transaction(url, key_store.any_active)))
 
 
-def worker_command(
-    concurrency: Annotated[
-        int | None,
-        typer.Option(min=1, max=1000, help="Sessions run at once [FERRYMAN_WORKER_CONCURRENCY]."),
-    ] = None,
-) -> None:
+@click.command("worker", short_help="Run a worker alone.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1000),
+    metavar="N",
+    help="Sessions run at once [FERRYMAN_WORKER_CONCURRENCY].",
+)
+def worker_command(concurrency: int | None) -> None:
     """Run a worker alone: claim sessions and drive them until SIGTERM/SIGINT."""
     with _starting():
         settings = _settings(worker_concurrency=concurrency)
@@ -312,6 +313,7 @@ async def _run_worker(settings: Settings, url: str) -> None:
         await services.stop()
 
 
+@click.command("migrate", short_help="Apply database migrations.")
 def migrate_command() -> None:
     """Apply database migrations (safe to run from several replicas at once)."""
     from app.db import bootstrap, migrate
@@ -320,7 +322,7 @@ def migrate_command() -> None:
         settings = _settings()
         _configure_logs(settings)
         revision = _on_database(settings, lambda: migrate.upgrade(bootstrap.database_url(settings)))
-    typer.echo(f"database at revision {revision}")
+    click.echo(f"database at revision {revision}")
 
 
 def _transaction(url: str, work: Callable[[Any], Any]) -> Any:
@@ -351,10 +353,9 @@ def _with_db(work: Callable[[Any], Any]) -> Any:
 
 
 @keys_cli.command("create")
-def keys_create(
-    owner: Annotated[str, typer.Option(help="The owner the key acts as.")],
-    name: Annotated[str, typer.Option(help="A label for the key.")] = "",
-) -> None:
+@click.option("--owner", required=True, metavar="OWNER", help="The owner the key acts as.")
+@click.option("--name", default="", metavar="TEXT", help="A label for the key.")
+def keys_create(owner: str, name: str) -> None:
     """Create an API key and print it once."""
     from app.domain import check_owner_id
     from app.store import keys as key_store
@@ -364,29 +365,27 @@ def keys_create(
     except ValueError as exc:
         fail(f"--owner: {exc}")
     row, key = _with_db(lambda conn: key_store.create_key(conn, owner, name))
-    typer.echo(key)
-    typer.echo(
+    click.echo(key)
+    click.echo(
         f"key {row['id']} for owner {owner!r}; store it now, it is not shown again", err=True
     )
 
 
 @keys_cli.command("list")
-def keys_list(
-    owner: Annotated[str | None, typer.Option(help="Only this owner's keys.")] = None,
-) -> None:
+@click.option("--owner", metavar="OWNER", help="Only this owner's keys.")
+def keys_list(owner: str | None) -> None:
     """List keys (never the keys themselves)."""
     from app.store import keys as key_store
 
     rows = _with_db(lambda conn: key_store.list_keys(conn, owner))
     for row in rows:
         state = "revoked" if row["revoked_at"] else "active"
-        typer.echo(f"{row['id']}  {row['owner_id']:<20} {row['prefix']}…  {state}  {row['name']}")
+        click.echo(f"{row['id']}  {row['owner_id']:<20} {row['prefix']}…  {state}  {row['name']}")
 
 
 @keys_cli.command("revoke")
-def keys_revoke(
-    key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")],
-) -> None:
+@click.argument("key_id", metavar="KEY_ID", help="The key's id (from `keys list`).")
+def keys_revoke(key_id: str) -> None:
     """Revoke a key; requests with it answer 401 from then on."""
     from uuid import UUID
 
@@ -398,12 +397,10 @@ def keys_revoke(
         fail("KEY_ID must be a key id as `ferryman keys list` prints it")
     if not _with_db(lambda conn: key_store.revoke_key(conn, parsed)):
         fail(f"no active key {key_id}")
-    typer.echo(f"revoked {key_id}")
+    click.echo(f"revoked {key_id}")
 
 
-def register(cli: typer.Typer) -> None:
+def register(cli: click.Group) -> None:
     """Add the server commands to `cli`."""
-    cli.command(short_help="Run the API and a worker.")(serve)
-    cli.command("worker", short_help="Run a worker alone.")(worker_command)
-    cli.command("migrate", short_help="Apply database migrations.")(migrate_command)
-    cli.add_typer(keys_cli, name="keys")
+    for command in (serve, worker_command, migrate_command, keys_cli):
+        cli.add_command(command)

@@ -1,4 +1,5 @@
-"""The Python SDK: httpx, httpx-sse and pydantic only, no server imports, so it loads fast.
+"""The Python SDK: httpx, httpx-sse and pydantic only, no server imports, so it loads fast
+(pydantic and the models only once first used: `Ferryman.raw` answers the API's JSON).
 
     from app.client import Ferryman
 
@@ -29,28 +30,43 @@ from app.client.errors import (
     UnprocessableEntityError,
     UnsupportedMediaTypeError,
 )
-from app.client.models import (
-    AcceptedMessage,
-    ApprovalAccepted,
-    CancelAccepted,
-    Event,
-    Lease,
-    MessageAccepted,
-    Session,
-    SessionPage,
-    StreamEvent,
-    ToolInfo,
-    Transcript,
-    Usage,
-)
-from app.client.sdk import AsyncFerryman, Ferryman
+from app.client.events import StreamEvent
+from app.client.sdk import AsyncFerryman, Ferryman, RawFerryman
 
 if TYPE_CHECKING:
     from app.client.fold import Conversation, SessionFold
     from app.client.live import OwnerSessionClient
+    from app.client.models import (
+        AcceptedMessage,
+        ApprovalAccepted,
+        CancelAccepted,
+        Event,
+        Lease,
+        MessageAccepted,
+        Session,
+        SessionPage,
+        ToolInfo,
+        Transcript,
+        Usage,
+    )
 
-# Loaded when first asked for: a command that only lists sessions does not pay for asyncio.
+# Loaded when first asked for: the CLI's commands need neither asyncio nor pydantic (the models)
+# unless they use them (`Ferryman.raw` answers dicts).
+_MODELS = (
+    "AcceptedMessage",
+    "ApprovalAccepted",
+    "CancelAccepted",
+    "Event",
+    "Lease",
+    "MessageAccepted",
+    "Session",
+    "SessionPage",
+    "ToolInfo",
+    "Transcript",
+    "Usage",
+)
 _LAZY = {
+    **dict.fromkeys(_MODELS, "app.client.models"),
     "Conversation": "app.client.fold",
     "SessionFold": "app.client.fold",
     "OwnerSessionClient": "app.client.live",
@@ -84,6 +100,7 @@ __all__ = [
     "OwnerSessionClient",
     "PayloadTooLargeError",
     "RateLimitError",
+    "RawFerryman",
     "ServiceUnavailableError",
     "Session",
     "SessionFold",

@@ -8,25 +8,26 @@ import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
 from httpx_sse import ServerSentEvent
-from pydantic import BaseModel
 
 from app.client.errors import ApiError, FerrymanConnectionError, api_error
-from app.client.models import (
-    ApprovalAccepted,
-    CancelAccepted,
-    MessageAccepted,
-    Session,
-    SessionPage,
-    StreamEvent,
-    ToolInfo,
-    Transcript,
-)
+from app.client.events import StreamEvent
+
+if TYPE_CHECKING:
+    from app.client.models import (
+        ApprovalAccepted,
+        CancelAccepted,
+        MessageAccepted,
+        Session,
+        SessionPage,
+        ToolInfo,
+        Transcript,
+    )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 OWNER_EVENTS = "/api/agent/owner-events"
@@ -35,7 +36,6 @@ MAX_LIST_LIMIT = 200
 MAX_TRANSCRIPT_LIMIT = 1000
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,27 @@ class Call(Generic[T]):
             raise api_error(response)
         return self.parse(response)
 
+    def raw(self) -> Call[Any]:
+        """This request, answering the API's JSON as it came (None for an empty body)."""
+        return replace(self, parse=_json)
 
-def _model(model: type[M]) -> Callable[[httpx.Response], M]:
-    return lambda response: model.model_validate_json(response.content)
+
+# The models (and so pydantic) are imported by the first answer parsed into one: a call made
+# `raw()`, or a stream, never imports them.
+
+
+def _models() -> Any:
+    from app.client import models
+
+    return models
+
+
+def _model(name: str) -> Callable[[httpx.Response], Any]:
+    return lambda response: getattr(_models(), name).model_validate_json(response.content)
+
+
+def _json(response: httpx.Response) -> Any:
+    return response.json() if response.content else None
 
 
 def _nothing(_: httpx.Response) -> None:
@@ -125,14 +143,15 @@ def _nothing(_: httpx.Response) -> None:
 
 
 def _tools(response: httpx.Response) -> list[ToolInfo]:
-    return [ToolInfo.model_validate(tool) for tool in response.json()["tools"]]
+    tool_info = _models().ToolInfo
+    return [tool_info.model_validate(tool) for tool in response.json()["tools"]]
 
 
 def _cancelled(response: httpx.Response) -> Session | CancelAccepted:
     # 200: with wait=true, the session once terminal; 202: the request is recorded.
-    if response.status_code == 200:
-        return Session.model_validate_json(response.content)
-    return CancelAccepted.model_validate_json(response.content)
+    model = _models().Session if response.status_code == 200 else _models().CancelAccepted
+    answer: Session | CancelAccepted = model.model_validate_json(response.content)
+    return answer
 
 
 def _session_path(session_id: str) -> str:
@@ -165,7 +184,7 @@ def create_session(
     }
     body = {name: value for name, value in fields.items() if value is not None}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
-    return Call("POST", "/api/agent", _model(Session), json=body, headers=headers)
+    return Call("POST", "/api/agent", _model("Session"), json=body, headers=headers)
 
 
 def list_sessions(
@@ -176,15 +195,15 @@ def list_sessions(
         params["status"] = [status] if isinstance(status, str) else list(status)
     if page_token:
         params["pageToken"] = page_token
-    return Call("GET", "/api/agent", _model(SessionPage), params=params)
+    return Call("GET", "/api/agent", _model("SessionPage"), params=params)
 
 
 def get_session(session_id: str) -> Call[Session]:
-    return Call("GET", _session_path(session_id), _model(Session))
+    return Call("GET", _session_path(session_id), _model("Session"))
 
 
 def rename_session(session_id: str, title: str) -> Call[Session]:
-    return Call("PATCH", _session_path(session_id), _model(Session), json={"title": title})
+    return Call("PATCH", _session_path(session_id), _model("Session"), json={"title": title})
 
 
 def delete_session(session_id: str) -> Call[None]:
@@ -198,7 +217,7 @@ def cancel_session(session_id: str, wait: bool) -> Call[Session | CancelAccepted
 
 def send_message(session_id: str, text: str) -> Call[MessageAccepted]:
     path = f"{_session_path(session_id)}/messages"
-    return Call("POST", path, _model(MessageAccepted), json={"text": text})
+    return Call("POST", path, _model("MessageAccepted"), json={"text": text})
 
 
 def decide_tool_call(
@@ -208,7 +227,7 @@ def decide_tool_call(
     if reason is not None:
         body["reason"] = reason
     path = f"{_session_path(session_id)}/tool-calls/{_segment(tool_call_id)}/approval"
-    return Call("POST", path, _model(ApprovalAccepted), json=body)
+    return Call("POST", path, _model("ApprovalAccepted"), json=body)
 
 
 def list_tools() -> Call[list[ToolInfo]]:
@@ -217,7 +236,7 @@ def list_tools() -> Call[list[ToolInfo]]:
 
 def transcript(session_id: str, after: int, limit: int) -> Call[Transcript]:
     path = f"{_session_path(session_id)}/transcript"
-    return Call("GET", path, _model(Transcript), params={"after": after, "limit": limit})
+    return Call("GET", path, _model("Transcript"), params={"after": after, "limit": limit})
 
 
 def _segment(value: str) -> str:

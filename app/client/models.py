@@ -1,16 +1,34 @@
 """What the API answers, as pydantic models: snake_case attributes, camelCase on the wire.
 
 Unknown fields are kept (`extra="allow"`), so a newer server does not break an older client;
-`model_dump(by_alias=True)` gives the wire form back."""
+`model_dump(by_alias=True)` gives the wire form back. `StreamEvent` (app/client/events.py, no
+pydantic) is re-exported here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from app.client.events import StreamEvent
+
+__all__ = [
+    "AcceptedMessage",
+    "ApprovalAccepted",
+    "CancelAccepted",
+    "Event",
+    "Lease",
+    "MessageAccepted",
+    "Model",
+    "Session",
+    "SessionPage",
+    "StreamEvent",
+    "ToolInfo",
+    "Transcript",
+    "Usage",
+]
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -120,39 +138,3 @@ class Transcript(Model):
     last_seq: int
     # Pass as `after` for the next page; None once this page reaches `last_seq`.
     next_after: int | None = None
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """One frame of a stream. Durable events have an `id` (the session's seq, or the owner
-    cursor); control (`caught_up`, `resync_required`) and ephemeral (`message_delta`) frames
-    have none and never move a cursor."""
-
-    type: str
-    id: str | None
-    data: dict[str, Any]
-    envelope: dict[str, Any] = field(repr=False)
-
-    @classmethod
-    def of(cls, type_: str, id_: str | None, envelope: dict[str, Any]) -> StreamEvent:
-        # Control frames are their payload; events wrap theirs in the envelope's `data`.
-        data = envelope.get("data") if "type" in envelope else envelope
-        return cls(type_, id_, data if isinstance(data, dict) else {}, envelope)
-
-    @property
-    def durable(self) -> bool:
-        return self.id is not None
-
-    @property
-    def seq(self) -> int | None:
-        seq = self.envelope.get("seq")
-        return seq if isinstance(seq, int) else None
-
-    @property
-    def session_id(self) -> str | None:
-        session_id = self.envelope.get("sessionId")
-        return str(session_id) if session_id is not None else None
-
-    def event(self) -> Event:
-        """The envelope as an `Event` (durable and ephemeral frames; not control ones)."""
-        return Event.model_validate({"id": self.id or "", **self.envelope})

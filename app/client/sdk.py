@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
 from httpx_sse import aconnect_sse, connect_sse
@@ -25,17 +25,21 @@ from app.client._core import (
     Stream,
 )
 from app.client.errors import connection_error
-from app.client.models import (
-    ApprovalAccepted,
-    CancelAccepted,
-    Event,
-    MessageAccepted,
-    Session,
-    SessionPage,
-    StreamEvent,
-    ToolInfo,
-    Transcript,
-)
+from app.client.events import StreamEvent
+
+if TYPE_CHECKING:
+    # Imported by the first answer parsed into a model: `Ferryman.raw` and the streams never
+    # import pydantic (a CLI command starts faster without it).
+    from app.client.models import (
+        ApprovalAccepted,
+        CancelAccepted,
+        Event,
+        MessageAccepted,
+        Session,
+        SessionPage,
+        ToolInfo,
+        Transcript,
+    )
 
 T = TypeVar("T")
 
@@ -60,6 +64,7 @@ class Ferryman(ClientBase):
             base_url, api_key, timeout, reconnect_delay, max_reconnect_delay, stream_idle_timeout
         )
         self._http = httpx.Client(**self.settings.http_options())
+        self.raw = RawFerryman(self)
 
     def __enter__(self) -> Ferryman:
         return self
@@ -192,7 +197,7 @@ class Ferryman(ClientBase):
         while True:
             try:
                 if stream.needs_snapshot:
-                    stream.snapshot(self.list_sessions(limit=1).cursor)
+                    stream.snapshot(self.raw.list_sessions(limit=1)["cursor"])
                 with connect_sse(self._http, "GET", stream.path, **stream.request_options()) as sse:
                     if sse.response.status_code >= 400:
                         sse.response.read()
@@ -209,6 +214,86 @@ class Ferryman(ClientBase):
             if stream.ended:
                 return
             time.sleep(stream.delay())
+
+
+class RawFerryman:
+    """`Ferryman`'s calls, answering the API's JSON as it came (dicts with camelCase keys)
+    instead of models: `ferryman.raw.get_session(id)["lastSeq"]`. What to print or forward
+    as it is; it never imports pydantic."""
+
+    def __init__(self, client: Ferryman) -> None:
+        self._client = client
+
+    def _call(self, call: Call[Any]) -> dict[str, Any]:
+        # Every answer of these calls with a body is a JSON object.
+        return cast(dict[str, Any], self._client._call(call.raw()))
+
+    def create_session(
+        self,
+        prompt: str,
+        *,
+        title: str | None = None,
+        model: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        script: list[dict[str, Any]] | None = None,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        return self._call(
+            _core.create_session(
+                prompt,
+                title=title,
+                model=model,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                script=script,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    def list_sessions(
+        self,
+        *,
+        status: list[str] | str | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> dict[str, Any]:
+        return self._call(_core.list_sessions(status, limit, page_token))
+
+    def get_session(self, session_id: str) -> dict[str, Any]:
+        return self._call(_core.get_session(session_id))
+
+    def rename_session(self, session_id: str, title: str) -> dict[str, Any]:
+        return self._call(_core.rename_session(session_id, title))
+
+    def delete_session(self, session_id: str) -> None:
+        self._client._call(_core.delete_session(session_id))
+
+    def cancel_session(self, session_id: str, *, wait: bool = False) -> dict[str, Any]:
+        """The session (with `wait`, once terminal) or `{id, cancelRequested, status}`."""
+        return self._call(_core.cancel_session(session_id, wait))
+
+    def send_message(self, session_id: str, text: str) -> dict[str, Any]:
+        return self._call(_core.send_message(session_id, text))
+
+    def decide_tool_call(
+        self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
+    ) -> dict[str, Any]:
+        call = _core.decide_tool_call(session_id, tool_call_id, approved, reason)
+        return self._call(call)
+
+    def list_tools(self) -> dict[str, Any]:
+        """`{tools: [...]}`, as the API answers it."""
+        return self._call(_core.list_tools())
+
+    def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
+        return self._call(_core.transcript(session_id, after, limit))
 
 
 class AsyncFerryman(ClientBase):

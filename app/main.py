@@ -9,15 +9,13 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from importlib import resources
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
 from fastapi_offline import FastAPIOffline
 
-from app import __version__
+from app import __version__, web
 from app.api import openapi, ops, problems, sessions, streams, tools
 from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics
 from app.config import Settings, get_settings
@@ -99,10 +97,7 @@ def create_app(
     app.include_router(tools.router)
     app.include_router(ops.router)
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def workbench() -> HTMLResponse:
-        page = resources.files("app.web").joinpath("index.html").read_text()
-        return HTMLResponse(page)
+    web.install(app)
 
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

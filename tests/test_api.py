@@ -317,6 +317,34 @@ async def test_list_paging_walks_every_session_once(
         assert seen == list(reversed(made[::2]))
 
 
+async def test_list_searches_titles(server: ServerProcess, owner_key: tuple[str, str]) -> None:
+    """`?q=` keeps the sessions whose title contains it, case-insensitively and literally (a
+    `%` or `_` is no wildcard), with paging and the status filter."""
+    _, key = owner_key
+    async with client(server.url, key) as http:
+        titles = ["Deploy Friday", "deploy monday", "Lunch", "50% off", "snake_case", "snakeXcase"]
+        made = {t: (await create_session(http, "x", title=t))["id"] for t in titles}
+        await http.post(f"/api/agent/{made['deploy monday']}/cancel")
+
+        async def found(**params: Any) -> list[str]:
+            response = await http.get("/api/agent", params=params)
+            assert response.status_code == 200, response.text
+            return [s["title"] for s in response.json()["sessions"]]
+
+        assert await found(q="DEPLOY") == ["deploy monday", "Deploy Friday"]
+        assert await found(q="deploy", status="cancelled") == ["deploy monday"]
+        assert await found(q="%") == ["50% off"]
+        assert await found(q="e_c") == ["snake_case"]
+        assert await found(q="nothing like it") == []
+        page = (await http.get("/api/agent", params={"q": "deploy", "limit": 1})).json()
+        assert [s["title"] for s in page["sessions"]] == ["deploy monday"]
+        rest = await found(q="deploy", pageToken=page["nextPageToken"])
+        assert rest == ["Deploy Friday"]
+        for bad in ("", "x" * 201, "nul\x00"):
+            response = await http.get("/api/agent", params={"q": bad})
+            assert_problem(response, 422, "VALIDATION_ERROR")
+
+
 async def test_list_cursor_is_the_owner_feed_head(
     server: ServerProcess, owner_key: tuple[str, str], database_url: str
 ) -> None:

@@ -130,11 +130,21 @@ async def list_sessions(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     page_token: Annotated[str | None, Query(alias="pageToken", max_length=512)] = None,
+    search: Annotated[
+        schemas.Text | None,
+        Query(
+            alias="q",
+            min_length=1,
+            max_length=200,
+            description="Only sessions whose title contains this text (case-insensitive).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     after = _decode_page_token(page_token) if page_token else None
+    statuses = [str(s) for s in status_filter] if status_filter else None
     async with db.transaction() as conn:
         rows, cursor, next_key = await session_store.list_sessions(
-            conn, owner, [str(s) for s in status_filter] if status_filter else None, limit, after
+            conn, owner, statuses, limit, after, search
         )
     return {
         "sessions": [session_view(row) for row in rows],

@@ -167,8 +167,10 @@ async def list_sessions(
     statuses: list[str] | None,
     limit: int,
     after: PageKey | None,
+    search: str | None = None,
 ) -> tuple[list[dict[str, Any]], int, PageKey | None]:
-    """One page, newest first, plus the owner-event cursor read in the same snapshot.
+    """One page, newest first, plus the owner-event cursor read in the same snapshot; with
+    `search`, only the sessions whose title contains it (case-insensitive, taken literally).
 
     Runs in a REPEATABLE READ transaction: the rows and the cursor come from one snapshot, so
     streaming from the cursor afterwards misses nothing and repeats nothing.
@@ -186,6 +188,7 @@ async def list_sessions(
         WHERE owner_id = %(owner)s AND deleted_at IS NULL
           AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
           AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+          AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
         ORDER BY created_at DESC, id DESC
         LIMIT %(limit)s
         """,
@@ -195,6 +198,7 @@ async def list_sessions(
             "after_ts": after.created_at if after else None,
             "after_id": after.id if after else None,
             "limit": limit + 1,
+            "pattern": None if search is None else f"%{_like_literal(search)}%",
         },
     )
     rows = await cur.fetchall()
@@ -203,6 +207,11 @@ async def list_sessions(
         rows = rows[:limit]
         next_key = PageKey(rows[-1]["created_at"], rows[-1]["id"])
     return rows, int(cursor_row["c"]), next_key
+
+
+def _like_literal(text: str) -> str:
+    """`text` matched literally by LIKE (whose escape character is a backslash)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 async def rename(conn: Connection, owner_id: str, session_id: UUID, title: str) -> dict[str, Any]:

@@ -1,0 +1,161 @@
+// The "new session" form: every option of the create body, and errors shown at their field.
+
+import {api, ApiError} from './api.js';
+import {$, h} from './dom.js';
+
+export const EXAMPLE_SCRIPT = [
+  {text: 'Let me note that down.', toolCalls: [{name: 'put_note', arguments: {key: 'plan', text: 'ship it'}}]},
+  {text: 'Thinking it over for a moment.', toolCalls: [{name: 'sleep', arguments: {seconds: 3}}]},
+  {text: 'Done: the note is saved and I have rested. Anything else?', chunks: 12, delayMs: 1500},
+];
+
+// The form's fields, by the path the API names them with in a 422 (`modelSettings.topP`).
+const FIELDS = ['prompt', 'title', 'model', 'instructions', 'script', 'tools', 'approvalRequired',
+  'modelSettings.temperature', 'modelSettings.topP', 'modelSettings.maxTokens',
+  'modelSettings.toolChoice', 'modelSettings.parallelToolCalls', 'modelSettings.stop',
+  'modelSettings.reasoningEffort', 'modelSettings', 'body'];
+
+export class CreateForm {
+  constructor({onCreated}) {
+    this.dialog = $('create-dialog');
+    this.form = $('create-form');
+    this.onCreated = onCreated;
+    this.tools = null;
+    this.form.addEventListener('submit', (event) => { event.preventDefault(); this.submit(); });
+    $('create-cancel').addEventListener('click', () => this.dialog.close());
+    $('script-example').addEventListener('click', () => {
+      this.form.elements.script.value = JSON.stringify(EXAMPLE_SCRIPT, null, 2);
+    });
+    this.form.elements.allTools.addEventListener('change', () => this.syncTools());
+  }
+
+  async show() {
+    this.clearErrors();
+    this.dialog.showModal();
+    this.form.elements.prompt.focus();
+    if (!this.tools) await this.loadTools();
+  }
+
+  async loadTools() {
+    const list = $('tool-list');
+    try {
+      this.tools = (await api('GET', '/api/tools')).tools;
+    } catch (error) {
+      list.replaceChildren(h('p', {class: 'hint', text: `Tools could not be listed: ${error.message}`}));
+      return;
+    }
+    list.replaceChildren(...this.tools.map((tool) => h('div', {class: 'tool-option'},
+      h('label', {title: tool.description},
+        h('input', {type: 'checkbox', name: 'tool', value: tool.name, checked: true}),
+        h('code', {text: tool.name})),
+      h('label', {class: 'approval', title: 'Every call waits for a person'},
+        h('input', {
+          type: 'checkbox', name: 'approval', value: tool.name,
+          checked: tool.requiresApproval, disabled: tool.requiresApproval,
+        }),
+        'ask first'))));
+    this.syncTools();
+  }
+
+  syncTools() {
+    const all = this.form.elements.allTools.checked;
+    for (const box of this.form.querySelectorAll('input[name=tool]')) box.disabled = all;
+  }
+
+  // The create body from the form; throws an ApiError-like error naming a field for bad input.
+  body() {
+    const f = this.form.elements;
+    const body = {prompt: f.prompt.value};
+    const text = (name) => f[name].value.trim();
+    if (text('title')) body.title = text('title');
+    if (text('model')) body.model = text('model');
+    if (f.instructions.value.trim()) body.instructions = f.instructions.value;
+    if (text('script')) body.script = parseJson('script', f.script.value);
+    if (!f.allTools.checked) {
+      body.tools = [...this.form.querySelectorAll('input[name=tool]:checked')].map((b) => b.value);
+    }
+    // Tools the server's config already guards are checked and fixed; the others are the choice.
+    const approval = [...this.form.querySelectorAll('input[name=approval]:checked:not(:disabled)')];
+    if (approval.length) body.approvalRequired = approval.map((b) => b.value);
+    const settings = {};
+    const number = (name, key, integer = false) => {
+      const raw = text(name);
+      if (!raw) return;
+      const value = Number(raw);
+      if (!Number.isFinite(value) || (integer && !Number.isInteger(value))) {
+        throw fieldError(`modelSettings.${key}`, integer ? 'must be a whole number' : 'must be a number');
+      }
+      settings[key] = value;
+    };
+    number('temperature', 'temperature');
+    number('topP', 'topP');
+    number('maxTokens', 'maxTokens', true);
+    if (text('toolChoice')) settings.toolChoice = text('toolChoice');
+    if (f.parallelToolCalls.value) settings.parallelToolCalls = f.parallelToolCalls.value === 'true';
+    if (f.reasoningEffort.value) settings.reasoningEffort = f.reasoningEffort.value;
+    const stop = f.stop.value.split('\n').map((s) => s.trim()).filter(Boolean);
+    if (stop.length) settings.stop = stop;
+    if (Object.keys(settings).length) body.modelSettings = settings;
+    return body;
+  }
+
+  async submit() {
+    this.clearErrors();
+    const button = $('create-submit');
+    button.disabled = true;
+    try {
+      const session = await api('POST', '/api/agent', this.body());
+      this.dialog.close();
+      this.form.elements.prompt.value = '';
+      this.form.elements.title.value = '';
+      this.onCreated(session);
+    } catch (error) {
+      this.showErrors(error);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  clearErrors() {
+    $('create-problem').textContent = '';
+    for (const el of this.form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
+    for (const el of this.form.querySelectorAll('.field-error')) el.remove();
+  }
+
+  showErrors(error) {
+    const fields = error instanceof ApiError ? error.fields : [];
+    $('create-problem').textContent = error.message;
+    for (const {field, message} of fields) {
+      const target = this.fieldElement(field);
+      if (!target) continue;
+      target.setAttribute('aria-invalid', 'true');
+      const folded = target.closest('details');
+      if (folded) folded.open = true;
+      const note = h('p', {class: 'field-error', text: `${field}: ${message}`});
+      target.closest('label, fieldset')?.append(note);
+    }
+  }
+
+  // The form control a field path points at: the longest known prefix of it.
+  fieldElement(path) {
+    const parts = String(path).split('.');
+    while (parts.length) {
+      const name = parts.join('.');
+      if (FIELDS.includes(name)) return this.form.querySelector(`[data-field="${CSS.escape(name)}"]`);
+      parts.pop();
+    }
+    return null;
+  }
+}
+
+function parseJson(field, text) {
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw fieldError(field, `is not valid JSON (${error.message})`);
+  }
+}
+
+function fieldError(field, message) {
+  return new ApiError(422, {code: 'VALIDATION_ERROR', errors: [{field, message, type: 'client'}]});
+}

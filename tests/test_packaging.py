@@ -23,6 +23,7 @@ REPO = Path(support.REPO)
 # What the Dockerfile copies before `pip install .`: a wheel built from these alone must work.
 SOURCES = ("pyproject.toml", "README.md", "app", "alembic")
 TIMEOUT = 300
+pytestmark = pytest.mark.once  # builds and installs a wheel: CI runs it on one PostgreSQL
 # The Alembic library, as this process imported it (its own test below checks it is no folder of
 # the checkout).
 LIBRARY = Path(alembic.__file__ or "").parent

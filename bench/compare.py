@@ -67,6 +67,7 @@ import psycopg
 from psycopg import sql
 
 from bench.peers import dbos_workflow, ferryman_session, pgqueuer_noop, procrastinate_noop
+from bench.sse_client import tree_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 OBSERVER = "bench_observer"  # the role of our own polls, left out of the statement counts
@@ -200,21 +201,6 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0, kill: boo
         proc.wait()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, its reaped children and its live descendants."""
-    try:
-        process = psutil.Process(pid)
-        times = process.cpu_times()
-        total = times.user + times.system + times.children_user + times.children_system
-        for child in process.children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child_times = child.cpu_times()
-                total += child_times.user + child_times.system
-        return total
-    except psutil.NoSuchProcess:
-        return 0.0
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -340,7 +326,7 @@ class Cluster:
 
     def server_cpu(self, exclude: int | None = None) -> float:
         """CPU of the whole server (see the module docstring), without backend `exclude`."""
-        total = cpu_seconds(self.postmaster)
+        total = tree_cpu(self.postmaster, gone=0.0)
         if exclude is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 times = psutil.Process(exclude).cpu_times()
@@ -510,7 +496,7 @@ def run_system(
                 observer_pid = int(observer_row[0])
                 polls = 1 + cluster.connect_commits
                 server_before = cluster.server_cpu(exclude=observer_pid)
-                workers_before = sum(cpu_seconds(p.pid) for p in procs)
+                workers_before = sum(tree_cpu(p.pid, gone=0.0) for p in procs)
                 started_wall = time.time()
                 started = time.monotonic()
                 for proc in procs:
@@ -538,7 +524,7 @@ def run_system(
                     if now > deadline:
                         raise RuntimeError(f"{tag}: {done}/{args.units} after {args.timeout} s")
                 observed = time.monotonic() - started
-                workers_after = sum(cpu_seconds(p.pid) for p in procs)
+                workers_after = sum(tree_cpu(p.pid, gone=0.0) for p in procs)
                 server_after = cluster.server_cpu(exclude=observer_pid)
                 for proc in procs:  # frozen: nothing more from them in the counts
                     proc.send_signal(signal.SIGSTOP)

@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
-import atexit
 import contextlib
 import itertools
 import json
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -42,6 +40,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.sse_client import (
+    Clients,
+    ClientState,
+    SseProtocol,
+    Subscription,
+    machine_cpu,
+    proc_status,
+    renice,
+    set_autogroup_nice,
+    sse_request,
+    subscribe,
+)
 from bench.stats import percentile
 from tests.cluster import data_dir_for
 from tests.support import free_port, fresh_database
@@ -54,134 +64,31 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Client side (runs in the client processes)
 
 
-class Chunked:
-    """Incremental HTTP/1.1 chunked transfer decoding."""
-
-    def __init__(self) -> None:
-        self.raw = b""
-        self.size = -1
-        self.done = False
-
-    def feed(self, data: bytes) -> bytes:
-        self.raw += data
-        out: list[bytes] = []
-        while not self.done:
-            if self.size < 0:
-                end = self.raw.find(b"\r\n")
-                if end < 0:
-                    break
-                self.size = int(self.raw[:end].split(b";")[0], 16)
-                self.raw = self.raw[end + 2 :]
-                if self.size == 0:
-                    self.done = True
-                    break
-            if len(self.raw) < self.size + 2:
-                break
-            out.append(self.raw[: self.size])
-            self.raw = self.raw[self.size + 2 :]
-            self.size = -1
-        return b"".join(out)
-
-
 @dataclass
-class Subscriber:
+class Subscriber(Subscription):
     ids: array.array[int] = field(default_factory=lambda: array.array("q"))
     times: array.array[float] = field(default_factory=lambda: array.array("d"))
-    caught_up: bool = False
-    error: str | None = None
 
 
-class ClientState:
+class FanoutState(ClientState):
     def __init__(self, connected: Any) -> None:
-        self.connected = connected  # shared counter of subscribers past `caught_up`
+        super().__init__(connected)
         self.received = 0
-        self.stopping = False
 
 
-class StreamProtocol(asyncio.Protocol):
-    """One subscriber: a bare protocol (no StreamReader, no task per read) that stamps every
-    durable frame (`id:` first) with the time its bytes came in."""
+class StreamProtocol(SseProtocol[Subscriber, FanoutState]):
+    """Stamps every durable frame (`id:` first) with the time its bytes came in."""
 
-    def __init__(self, sub: Subscriber, state: ClientState, request: bytes) -> None:
-        self.sub, self.state, self.request = sub, state, request
-        self.head = b""
-        self.in_body = False
-        self.chunked: Chunked | None = None
-        self.body = b""
-        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    end_fails = False  # as before the shared client: only the connection's close fails it
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        if not self.in_body:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head, data = self.head[:end], self.head[end + 4 :]
-            status = head.split(b"\r\n", 1)[0]
-            if b" 200 " not in status:
-                self.fail(f"answered {status.decode(errors='replace')}")
-                return
-            self.in_body = True
-            if b"transfer-encoding: chunked" in head.lower():
-                self.chunked = Chunked()
-        body = self.body + (self.chunked.feed(data) if self.chunked else data)
+    def frame(self, frame: bytes, now: float) -> None:
         sub = self.sub
-        while (end := body.find(b"\n\n")) >= 0:
-            frame = body[:end]
-            body = body[end + 2 :]
-            if frame.startswith(b"id: "):
-                sub.ids.append(int(frame[4 : frame.index(b"\n")]))
-                sub.times.append(now)
-                self.state.received += 1
-            elif not sub.caught_up and b"event: caught_up" in frame:
-                sub.caught_up = True
-                with self.state.connected.get_lock():
-                    self.state.connected.value += 1
-                if not self.opened.done():
-                    self.opened.set_result(None)
-        self.body = body
-
-    def fail(self, error: str) -> None:
-        if self.sub.error is None and not self.state.stopping:
-            self.sub.error = error
-        for future in (self.opened, self.closed):
-            if not future.done():
-                future.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.fail(f"stream closed by the server ({exc})" if exc else "stream closed by the server")
-
-
-async def subscribe(
-    host: str,
-    port: int,
-    request: bytes,
-    sub: Subscriber,
-    state: ClientState,
-    gate: asyncio.Semaphore,
-) -> None:
-    loop = asyncio.get_running_loop()
-    transport: asyncio.BaseTransport | None = None
-    try:
-        async with gate:
-            transport, protocol = await loop.create_connection(
-                lambda: StreamProtocol(sub, state, request), host, port
-            )
-            await protocol.opened
-        await protocol.closed
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        sub.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if transport is not None:
-            transport.close()
+        if frame.startswith(b"id: "):
+            sub.ids.append(int(frame[4 : frame.index(b"\n")]))
+            sub.times.append(now)
+            self.state.received += 1
+        elif not sub.caught_up and b"event: caught_up" in frame:
+            self.catch_up()
 
 
 async def client_main(
@@ -195,14 +102,14 @@ async def client_main(
     stop: Any,
     results: Any,
 ) -> None:
-    request = (
-        f"GET /api/agent/owner-events HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Authorization: Bearer {key}\r\nAccept: text/event-stream\r\n\r\n"
-    ).encode()
-    state = ClientState(connected)
+    request = sse_request(host, port, "/api/agent/owner-events", key)
+    state = FanoutState(connected)
     subs = [Subscriber() for _ in range(count)]
     gate = asyncio.Semaphore(25)  # connection attempts in flight
-    tasks = [asyncio.create_task(subscribe(host, port, request, s, state, gate)) for s in subs]
+    tasks = [
+        asyncio.create_task(subscribe(host, port, StreamProtocol(s, state, request), gate))
+        for s in subs
+    ]
     while not stop.is_set():
         received[index] = state.received
         await asyncio.sleep(0.1)
@@ -213,11 +120,6 @@ async def client_main(
     await asyncio.gather(*tasks, return_exceptions=True)
     usage = os.times()
     results.put((index, [(s.ids, s.times, s.error) for s in subs], usage.user + usage.system))
-
-
-def client_process(*args: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    asyncio.run(client_main(*args))
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,15 +189,6 @@ class Server:
         self.log.close()
 
 
-def proc_status(pid: int, field_name: str) -> int:
-    """A kB field of /proc/<pid>/status (VmRSS, VmHWM), in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def proc_cpu(pid: int) -> float:
     """User + system CPU seconds of a process."""
     user, system = proc_cpu_split(pid)
@@ -307,14 +200,6 @@ def proc_cpu_split(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]
-    return float(sum(values) - idle), float(sum(values))
 
 
 class RssSampler(threading.Thread):
@@ -358,18 +243,6 @@ async def write_events(
             written.append((int(row["id"]), time.time()))
             progress(len(written))
     return written
-
-
-def set_autogroup_nice(pid: str, nice: int) -> int | None:
-    """Set the niceness of the scheduler autogroup of `pid`; return the old one (None if the
-    kernel has no autogroups or we may not)."""
-    path = Path(f"/proc/{pid}/autogroup")
-    try:
-        old = int(path.read_text().split()[-1])
-        path.write_text(str(nice))
-    except (OSError, ValueError, IndexError):
-        return None
-    return old
 
 
 def send_floor(streams: int, rounds: int = 200, size: int = 420) -> None:
@@ -465,21 +338,14 @@ def run_scenario(
     try:
         server.wait_ready()
         rss_idle = proc_status(server.proc.pid, "VmRSS")
-        ctx = mp.get_context("spawn")
         nprocs = max(1, min(args.client_processes, subscribers))
-        connected = ctx.Value("i", 0)
-        received = ctx.Array("q", nprocs, lock=False)
-        stop = ctx.Event()
-        results = ctx.Queue()
-        for i in range(nprocs):
-            count = subscribers // nprocs + (1 if i < subscribers % nprocs else 0)
-            proc = ctx.Process(
-                target=client_process,
-                args=(i, "127.0.0.1", server.port, key, count, connected, received, stop, results),
-                name=f"bench-client-{i}",
-            )
-            proc.start()
-            procs.append(proc)
+        clients = Clients(nprocs)
+        procs, connected, received = clients.procs, clients.connected, clients.counters
+        shares = [
+            (key, subscribers // nprocs + (1 if i < subscribers % nprocs else 0))
+            for i in range(nprocs)
+        ]
+        clients.start(client_main, server.port, shares)
 
         t0 = time.monotonic()
         while connected.value < subscribers:
@@ -552,10 +418,7 @@ def run_scenario(
         machine_pct = (mach1[0] - mach0[0]) / max(1.0, mach1[1] - mach0[1]) * 100
         rss_hwm = proc_status(server.proc.pid, "VmHWM")
         sampler.halt.set()
-        stop.set()
-        collected = [results.get(timeout=60) for _ in procs]
-        for proc in procs:
-            proc.join(10)
+        collected = clients.collect(timeout=60)
     finally:
         if spy is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -750,13 +613,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.nice:
-        os.nice(args.nice)
-        # With autogroup scheduling (the default on desktop-style kernels, and here) niceness
-        # only ranks processes within one session; between sessions each group gets an equal
-        # share. So the session's group gets the same niceness (restored on exit).
-        restore = set_autogroup_nice("self", args.nice)
-        if restore is not None:
-            atexit.register(set_autogroup_nice, "self", restore)
+        renice(args.nice)
 
     if args.send_floor:
         send_floor(max(args.subscribers))

@@ -53,7 +53,8 @@ from app.db.embedded import start_embedded
 from app.store.events import append_session_event
 from app.store.keys import create_key
 from app.store.sessions import NewSession, create_session
-from bench.owner_fanout import Chunked, RssSampler, proc_cpu, proc_status
+from bench.owner_fanout import RssSampler, proc_cpu
+from bench.sse_client import Chunked, proc_status, sse_request
 from tests.cluster import data_dir_for
 from tests.support import ServerProcess, fresh_database, running
 
@@ -132,13 +133,6 @@ async def write_events(
                 data = {"text": text, "delivery": "queued"}
                 await append_session_event(conn, uuid.UUID(session_id), "user_message", data)
         return round(rate * duration), time.monotonic() - start
-
-
-def request(path: str, port: int, key: str) -> bytes:
-    return (
-        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-        "Accept: text/event-stream\r\n\r\n"
-    ).encode()
 
 
 def hostile(port: int, data: bytes, rcvbuf: int) -> socket.socket:
@@ -245,8 +239,10 @@ def run_once(args: argparse.Namespace, url: str, texts: list[str]) -> Figures:
         cap = int(args.memory_cap_gb * 2**30)
         resource.prlimit(pid, resource.RLIMIT_AS, (cap, cap))
         rss_start = settle_rss(pid)
-        owner_request = request("/api/agent/owner-events", server.port, key)
-        session_request = request(f"/api/agent/{session_id}/events", server.port, key)
+        owner_request = sse_request("127.0.0.1", server.port, "/api/agent/owner-events", key)
+        session_request = sse_request(
+            "127.0.0.1", server.port, f"/api/agent/{session_id}/events", key
+        )
         canary = Canary(server.port, owner_request)
         canary.start()
         sockets = [

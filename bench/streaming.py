@@ -54,14 +54,11 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
-import atexit
 import calendar
 import contextlib
 import json
 import math
-import multiprocessing as mp
 import os
-import signal
 import sys
 import threading
 import time
@@ -70,7 +67,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.owner_fanout import Chunked, machine_cpu, proc_status, set_autogroup_nice
+from bench.sse_client import (
+    Clients,
+    ClientState,
+    SseProtocol,
+    Subscription,
+    machine_cpu,
+    proc_status,
+    renice,
+    set_autogroup_nice,
+    sse_request,
+    subscribe,
+    tree_cpu,
+)
 from bench.stats import percentile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,7 +121,7 @@ class Stamps:
 
 
 @dataclass
-class Record:
+class Record(Subscription):
     """What one subscriber saw. Delta frames as four parallel arrays; durable events as
     (type, ts, arrival), `session_end` as `session_end:<status>`."""
 
@@ -121,65 +130,23 @@ class Record:
     first: array.array[int] = field(default_factory=lambda: array.array("l"))
     last: array.array[int] = field(default_factory=lambda: array.array("l"))
     durable: list[tuple[str, float, float]] = field(default_factory=list)
-    caught_up: bool = False
     ended: bool = False
-    error: str | None = None
 
 
-class ClientState:
+class StreamingState(ClientState):
     def __init__(self, connected: Any) -> None:
-        self.connected = connected  # shared counter of subscribers past `caught_up`
+        super().__init__(connected)
         self.started = 0  # sessions with a delta
         self.ended = 0  # sessions with their session_end
         self.tokens = 0
-        self.stopping = False
         self.stamps = Stamps()
 
 
-class SseClient(asyncio.Protocol):
-    """One subscriber: a bare protocol speaking HTTP/1.1 that stamps every frame with the time
-    its bytes came in and keeps what the measurements need."""
-
-    def __init__(self, rec: Record, state: ClientState, request: bytes) -> None:
-        self.rec, self.state, self.request = rec, state, request
-        self.head = b""
-        self.in_body = False
-        self.chunked: Chunked | None = None
-        self.body = b""
-        loop = asyncio.get_running_loop()
-        self.opened: asyncio.Future[None] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        if not self.in_body:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head, data = self.head[:end], self.head[end + 4 :]
-            status = head.split(b"\r\n", 1)[0]
-            if b" 200 " not in status:
-                self.fail(f"answered {status.decode(errors='replace')}")
-                return
-            self.in_body = True
-            if b"transfer-encoding: chunked" in head.lower():
-                self.chunked = Chunked()
-        body = self.body + (self.chunked.feed(data) if self.chunked else data)
-        start = 0
-        while (end := body.find(b"\n\n", start)) >= 0:
-            self.frame(body[start:end], now)
-            start = end + 2
-        self.body = body[start:]
-        if self.chunked is not None and self.chunked.done:
-            self.fail("stream ended by the server")
+class SseClient(SseProtocol[Record, StreamingState]):
+    """Keeps what the measurements need of every frame, with the time its bytes came in."""
 
     def frame(self, frame: bytes, now: float) -> None:
-        rec, state = self.rec, self.state
+        rec, state = self.sub, self.state
         if frame.startswith(DELTA_HEAD):
             at = frame.find(TEXT_FIELD) + len(TEXT_FIELD)
             tokens = frame[at : frame.index(b'"', at)].split()
@@ -203,48 +170,7 @@ class SseClient(asyncio.Protocol):
                     state.ended += 1
             rec.durable.append((kind, state.stamps.of(frame), now))
         elif not rec.caught_up and frame.startswith(b"event: caught_up"):
-            rec.caught_up = True
-            with state.connected.get_lock():
-                state.connected.value += 1
-            if not self.opened.done():
-                self.opened.set_result(None)
-
-    def fail(self, error: str) -> None:
-        if self.rec.error is None and not self.state.stopping:
-            self.rec.error = error
-        for future in (self.opened, self.closed):
-            if not future.done():
-                future.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.fail(f"stream closed by the server ({exc})" if exc else "stream closed by the server")
-
-
-async def subscribe(
-    host: str, port: int, request: bytes, rec: Record, state: ClientState, gate: asyncio.Semaphore
-) -> None:
-    loop = asyncio.get_running_loop()
-    transport: asyncio.BaseTransport | None = None
-    try:
-        async with gate:
-            transport, protocol = await loop.create_connection(
-                lambda: SseClient(rec, state, request), host, port
-            )
-            await protocol.opened
-        await protocol.closed
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        if transport is not None:
-            transport.close()
-
-
-def get_request(host: str, port: int, path: str) -> bytes:
-    return (
-        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n"
-    ).encode()
+            self.catch_up()
 
 
 async def client_main(
@@ -258,21 +184,18 @@ async def client_main(
     stop: Any,
     results: Any,
 ) -> None:
-    state = ClientState(connected)
+    state = StreamingState(connected)
     recs = [Record() for _ in sessions]
     owner = Record() if owner_stream else None
     gate = asyncio.Semaphore(25)  # connection attempts in flight
-    tasks = [
-        asyncio.create_task(
-            subscribe(
-                host, port, get_request(host, port, f"/api/agent/{sid}/events"), r, state, gate
-            )
-        )
-        for sid, r in zip(sessions, recs, strict=True)
-    ]
+
+    def start(rec: Record, path: str) -> asyncio.Task[None]:
+        client = SseClient(rec, state, sse_request(host, port, path))
+        return asyncio.create_task(subscribe(host, port, client, gate))
+
+    tasks = [start(r, f"/api/agent/{sid}/events") for sid, r in zip(sessions, recs, strict=True)]
     if owner is not None:
-        request = get_request(host, port, "/api/agent/owner-events")
-        tasks.append(asyncio.create_task(subscribe(host, port, request, owner, state, gate)))
+        tasks.append(start(owner, "/api/agent/owner-events"))
 
     def publish() -> None:
         counters[3 * index : 3 * index + 3] = [state.started, state.ended, state.tokens]
@@ -292,11 +215,6 @@ async def client_main(
     ]
     owner_payload = (owner.durable, owner.error) if owner is not None else None
     results.put((index, payload, owner_payload, usage.user + usage.system))
-
-
-def client_process(*args: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    asyncio.run(client_main(*args))
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,23 +244,6 @@ async def create_sessions(base_url: str, count: int, turn: list[dict[str, Any]])
 
         await asyncio.gather(*(one(n) for n in range(count)))
     return ids
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of a process, its live descendants and the children it reaped."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        times = proc.cpu_times()
-        total = times.user + times.system + times.children_user + times.children_system
-        for child in proc.children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                ct = child.cpu_times()
-                total += ct.user + ct.system
-        return float(total)
-    except psutil.NoSuchProcess:
-        return float("nan")
 
 
 def cpu_and_hwm(pid: int) -> tuple[float, int, int]:
@@ -767,38 +668,18 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
         workers: list[Any] = []
         procs: list[Any] = []
         monitor: Monitor | None = None
-        stop: Any = None
+        clients: Clients | None = None
         try:
             server.start(timeout=60)
             t0 = time.monotonic()
             ids = asyncio.run(create_sessions(server.url, n, script(tokens, args.duration)))
             print(f"{label} created {n} sessions in {time.monotonic() - t0:.1f}s", flush=True)
 
-            ctx = mp.get_context("spawn")
             nprocs = max(1, min(args.client_processes, n))
-            connected = ctx.Value("i", 0)
-            counters = ctx.Array("q", 3 * nprocs, lock=False)
-            stop = ctx.Event()
-            results = ctx.Queue()
-            for i in range(nprocs):
-                share = ids[i::nprocs]
-                proc = ctx.Process(
-                    target=client_process,
-                    args=(
-                        i,
-                        "127.0.0.1",
-                        server.port,
-                        share,
-                        i == 0,
-                        connected,
-                        counters,
-                        stop,
-                        results,
-                    ),
-                    name=f"bench-client-{i}",
-                )
-                proc.start()
-                procs.append(proc)
+            clients = Clients(nprocs, width=3)  # started, ended, tokens
+            procs, connected, counters = clients.procs, clients.connected, clients.counters
+            shares = [(ids[i::nprocs], i == 0) for i in range(nprocs)]  # 0: the owner stream too
+            clients.start(client_main, server.port, shares)
             t0 = time.monotonic()
             while connected.value < n + 1:
                 if time.monotonic() - t0 > args.connect_timeout:
@@ -862,15 +743,12 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
             statuses = probe.conn.execute(
                 "SELECT status, count(*) FROM sessions GROUP BY status ORDER BY status"
             ).fetchall()
-            stop.set()
-            collected = [results.get(timeout=120) for _ in procs]
-            for proc in procs:
-                proc.join(10)
+            collected = clients.collect(timeout=120)
         finally:
             if monitor is not None:
                 monitor.halt.set()
-            if stop is not None:
-                stop.set()
+            if clients is not None:
+                clients.stop.set()
             gone_by = time.monotonic() + 2
             for proc in procs:
                 proc.join(max(0.0, gone_by - time.monotonic()))
@@ -1198,10 +1076,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.nice:
-        os.nice(args.nice)
-        restore = set_autogroup_nice("self", args.nice)
-        if restore is not None:
-            atexit.register(set_autogroup_nice, "self", restore)
+        renice(args.nice)
     sys.path.insert(0, str(REPO))
     print(
         f"machine: {os.cpu_count()} cores; {args.rate:g} tokens/s for {args.duration:g}s per "

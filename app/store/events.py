@@ -126,7 +126,7 @@ _PAGE = """
 """
 _SESSION_PAGE = _PAGE.format(
     columns="page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,"
-    " s.owner_id",
+    " s.owner_id, s.deleted_at IS NOT NULL AS deleted",
     table="session_events",
     key="session_id",
     order="seq",

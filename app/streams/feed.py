@@ -47,10 +47,12 @@ PAGE_ROWS = 500
 @dataclass(frozen=True)
 class Page:
     """Events read from the log after a cursor; `more` when the read stopped at its byte or
-    row bound, so more may follow."""
+    row bound, so more may follow; `closed`, whether the subject is gone, when the read could
+    tell (its rows carry a `deleted` column), else None."""
 
     events: list[Event]
     more: bool
+    closed: bool | None = None
 
     @classmethod
     def of(
@@ -58,7 +60,8 @@ class Page:
     ) -> Page:
         """A page of store rows read with `max_bytes` and PAGE_ROWS (each row has its `size`)."""
         full = len(rows) >= PAGE_ROWS or sum(row["size"] for row in rows) >= max_bytes
-        return cls([event(row) for row in rows], full)
+        closed = bool(rows[-1]["deleted"]) if rows and "deleted" in rows[-1] else None
+        return cls([event(row) for row in rows], full, closed)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class FeedSource:
     # (at least one event, when there is one).
     read: Callable[[int, int], Awaitable[Page]]
     # Whether the subject can go away (a session can be deleted; an owner's feed cannot):
-    # only then is the head re-read after each batch to notice it.
+    # only then is it checked after each batch, from the page read when that could tell (one
+    # read a wake-up, not two), else from the head.
     closable: bool = True
 
 
@@ -246,7 +250,9 @@ class Feed:
             if not page.more:
                 break
         if self.source.closable and not self.closed:
-            _, closed = await self.source.head()
+            closed = page.closed
+            if closed is None:
+                _, closed = await self.source.head()
             if closed:
                 self.closed = True
                 self._announce()

@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, validation_alias=AliasChoices("DATABASE_URL", "FERRYMAN_DATABASE_URL")
     )
+    # Where what needs a database session of its own connects: the LISTEN connection, the
+    # workers' liveness locks and their death watch, migrations. Unset: DATABASE_URL. Set to
+    # another URL, DATABASE_URL is taken to be a transaction-mode pooler (PgBouncer) in front
+    # of this one (docs/deploy.md).
+    direct_database_url: str | None = None
     data_dir: Path = Field(default_factory=default_data_dir)
     host: str = "127.0.0.1"
     port: int = 8000

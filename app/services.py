@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from app.db.supervisor import EmbeddedSupervisor
 from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import FeedHub
 from app.streams.sse import StreamSlots
+
+log = logging.getLogger(__name__)
 
 # Allocations between collections of the youngest generation (CPython's default: 700). Every
 # SSE frame, row and envelope is a short-lived allocation: at the default, a fan-out of one event
@@ -42,6 +45,7 @@ class Services:
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     _local_tools: ToolRegistry | None = None
     _supervisor: EmbeddedSupervisor | None = None
+    _checks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
     def create(
@@ -51,11 +55,13 @@ class Services:
         channels: Collection[str] = (STREAMS_CHANNEL,),
         pool_timeout: float | None = None,
     ) -> Services:
-        """`channels`: what the process's bus listens on (STREAMS_CHANNEL to serve streams,
-        RUNS_CHANNEL to run a worker); `pool_timeout`: the pool's wait for a connection, if
-        not `FERRYMAN_POOL_TIMEOUT`."""
+        """The pool on `database_url` (maybe a transaction-mode pooler); the LISTEN connection
+        on the direct URL (FERRYMAN_DIRECT_DATABASE_URL, else the same). `channels`: what the
+        bus listens on (STREAMS_CHANNEL to serve streams, RUNS_CHANNEL to run a worker);
+        `pool_timeout`: the pool's wait for a connection, if not `FERRYMAN_POOL_TIMEOUT`."""
         db = Database(
             database_url,
+            direct_url=settings.direct_database_url,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
             timeout=pool_timeout or settings.pool_timeout,
@@ -65,7 +71,7 @@ class Services:
                 idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
             ),
         )
-        bus = Bus(database_url, channels)
+        bus = Bus(db.direct_url, channels)
         hub = FeedHub(
             bus,
             buffer_bytes=settings.feed_buffer_bytes,
@@ -85,13 +91,38 @@ class Services:
     async def start(self) -> None:
         await self.db.open()
         await self.bus.start()
+        if self.db.pooled:
+            self._checks.add(asyncio.create_task(self._check_autocommit_limits()))
         if not self.settings.database_url:  # the embedded server, as in bootstrap: keep it up
             self._supervisor = EmbeddedSupervisor(
                 self.settings.data_dir, self.settings.embedded_check_interval
             )
             self._supervisor.start()
 
+    async def _check_autocommit_limits(self) -> None:
+        """Behind a pooler, a statement in autocommit gets no statement_timeout from us (only a
+        transaction does, by SET LOCAL): say so once if the server sets none either."""
+        if not self.settings.db_statement_timeout:
+            return
+        try:
+            async with self.db.connection() as conn:
+                cur = await conn.execute("SELECT current_setting('statement_timeout') AS t")
+                row = await cur.fetchone()
+        except Exception as exc:  # the database may not be up yet: nothing to say
+            log.debug("statement_timeout check skipped: %s", exc)
+            return
+        if row is not None and row["t"] == "0":
+            log.warning(
+                "DATABASE_URL goes through a pooler: transactions get FERRYMAN_DB_*_TIMEOUT by "
+                "SET LOCAL, but statements in autocommit have no statement_timeout; set one on "
+                "the role (ALTER ROLE ... SET statement_timeout = '%gs'), see docs/deploy.md",
+                self.settings.db_statement_timeout,
+            )
+
     async def stop(self) -> None:
+        for check in self._checks:
+            check.cancel()
+        await asyncio.gather(*self._checks, return_exceptions=True)
         self.shutdown.set()
         if self._supervisor is not None:
             await self._supervisor.stop()

@@ -9,12 +9,21 @@ every session is `succeeded`. Write commits are counted by transaction ids consu
 transaction gets one only when it writes); all transactions, reads in autocommit included, come
 from pg_stat_database (all commits on the
 benchmark database while the workers run, heartbeats and claims included).
+
+With `--pgbouncer` the workers' pools go through Debian's pgbouncer in transaction mode
+(tests/pgbouncer.py, `--pgbouncer-pool-size` server connections), as behind a hosted service's
+pooler; their LISTEN, liveness-lock and death-watch connections go straight to PostgreSQL
+(FERRYMAN_DIRECT_DATABASE_URL, docs/deploy.md). `--pooled-direct` runs the workers as they run
+behind a pooler (no server-side prepared statements, limits by SET LOCAL in each BEGIN) but
+connected straight to PostgreSQL: what those two cost, without PgBouncer's hop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -22,10 +31,12 @@ import time
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from app.db.pool import Database
 from app.store import sessions as session_store
-from tests.support import WorkerProcess, fresh_database
+from tests.pgbouncer import PGBOUNCER, pgbouncer
+from tests.support import WorkerProcess, fresh_database, server_url
 
 SCRIPT = [
     {"text": "noting", "toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]},
@@ -99,9 +110,36 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="the workers' pools through pgbouncer in transaction mode (LISTEN and liveness "
+        "locks direct)",
+    )
+    parser.add_argument("--pgbouncer-pool-size", type=int, default=20)
+    parser.add_argument(
+        "--pooled-direct",
+        action="store_true",
+        help="the workers' pools as behind a pooler, but straight to PostgreSQL",
+    )
     args = parser.parse_args()
+    if args.pgbouncer and args.pooled_direct:
+        parser.error("--pgbouncer or --pooled-direct, not both")
+    if args.pgbouncer and not os.access(PGBOUNCER, os.X_OK):
+        parser.error(f"--pgbouncer: {PGBOUNCER} is missing (apt-get install pgbouncer)")
 
-    with fresh_database("ferryman_bench") as url, fresh_database("ferryman_pgbench") as pg_url:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(fresh_database("ferryman_bench"))
+        pg_url = stack.enter_context(fresh_database("ferryman_pgbench"))
+        worker_url, worker_env = url, {}
+        if args.pgbouncer:
+            bouncer = stack.enter_context(pgbouncer(server_url(), args.pgbouncer_pool_size))
+            worker_url = bouncer.url(url)
+            worker_env = {"FERRYMAN_DIRECT_DATABASE_URL": url}
+        elif args.pooled_direct:
+            # Another spelling of the same server: to Ferryman, a pooler in front of it.
+            worker_url = make_conninfo(url, application_name="ferryman-pooled")
+            worker_env = {"FERRYMAN_DIRECT_DATABASE_URL": url}
         print(f"pgbench -N, {args.workers * 4} clients, {args.pgbench_seconds} s ...", flush=True)
         ceiling = run_pgbench(pg_url, args.workers * 4, args.pgbench_seconds)
         print(f"creating {args.sessions} sessions ...", flush=True)
@@ -112,7 +150,7 @@ def main() -> None:
             xid_before = write_xid(conn)  # type: ignore[arg-type]
             started = time.monotonic()
             workers = [
-                WorkerProcess(url, concurrency=args.concurrency).start()
+                WorkerProcess(worker_url, env=worker_env, concurrency=args.concurrency).start()
                 for _ in range(args.workers)
             ]
             try:
@@ -133,14 +171,21 @@ def main() -> None:
             conn.execute("SELECT pg_stat_clear_snapshot()")
             after = commits(conn)  # type: ignore[arg-type]
             xid_after = write_xid(conn)  # type: ignore[arg-type]
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    mode = "direct"
+    if args.pgbouncer:
+        mode = f"through pgbouncer, {args.pgbouncer_pool_size} server connections"
+    elif args.pooled_direct:
+        mode = "pooled mode, direct"
     rate = args.sessions / elapsed
     per_session = (after - before) / args.sessions
     writes_per_session = (xid_after - xid_before - 1) / args.sessions
     print()
     print(
         f"sessions/s:           {rate:.1f}  ({args.sessions} sessions, {args.workers} workers "
-        f"x {args.concurrency}, {elapsed:.1f} s)"
+        f"x {args.concurrency}, {elapsed:.1f} s" + f", {mode})"
     )
+    print(f"load average (1, 5, 15 min) at the end: {load}")
     print(
         f"write commits/session: {writes_per_session:.1f}  (transactions incl. reads: "
         f"{per_session:.1f})"

@@ -215,3 +215,17 @@ def test_serve_on_a_public_address_requires_keys(database_url: str) -> None:
         assert "auth: keys" in proc.logs()
     finally:
         proc.stop()
+
+
+async def test_a_direct_url_wants_a_database_url() -> None:
+    """FERRYMAN_DIRECT_DATABASE_URL names what sits behind DATABASE_URL's pooler: alone, it is a
+    mistake (the embedded server would take the pool, the direct URL the rest)."""
+    env = {
+        k: v for k, v in cli_env(None).items() if k not in ("DATABASE_URL", "FERRYMAN_DATABASE_URL")
+    }
+    env["FERRYMAN_DIRECT_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/none"
+    for command in ("worker", "migrate"):
+        result = await ferryman(command, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "FERRYMAN_DIRECT_DATABASE_URL is set but DATABASE_URL is not" in result.stderr
+        assert "Traceback" not in result.stderr

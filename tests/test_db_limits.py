@@ -123,3 +123,34 @@ async def test_a_metrics_token_is_the_only_way_in_when_set(isolated_db: str) -> 
             assert_problem(with_key, 401, "INVALID_API_KEY")
             scraper = await http.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
             assert scraper.status_code == 200
+
+
+async def test_behind_a_pooler_the_pool_keeps_no_session_state() -> None:
+    """A direct URL that differs from the pool's marks the pool's as a transaction-mode pooler:
+    no prepared statements, no `options` (PgBouncer refuses it), the limits with each BEGIN.
+    (tests/test_pgbouncer.py runs it all through a real PgBouncer.)"""
+    from app.db.pool import Database, SessionLimits
+
+    limits = SessionLimits(10, 3, 30)
+    direct = Database("postgresql://db.example/app", limits=limits)
+    assert not direct.pooled and direct.direct_url == "postgresql://db.example/app"
+    assert direct.pool.kwargs["options"] == (
+        "-c statement_timeout=10000 -c lock_timeout=3000"
+        " -c idle_in_transaction_session_timeout=30000"
+    )
+    assert "prepare_threshold" not in direct.pool.kwargs
+    same = Database("postgresql://db.example/app", direct_url="postgresql://db.example/app")
+    assert not same.pooled
+    pooled = Database(
+        "postgresql://pooler.example:6432/app",
+        direct_url="postgresql://db.example/app",
+        limits=limits,
+    )
+    assert pooled.pooled and pooled.direct_url == "postgresql://db.example/app"
+    assert pooled.pool.kwargs["prepare_threshold"] is None
+    assert "options" not in pooled.pool.kwargs
+    # One query, so one round trip, as a bare BEGIN.
+    assert limits.begin() == (
+        "BEGIN; SET LOCAL statement_timeout = 10000; SET LOCAL lock_timeout = 3000;"
+        " SET LOCAL idle_in_transaction_session_timeout = 30000"
+    )

@@ -65,6 +65,11 @@ def _settings(**overrides: Any) -> Settings:
         settings = get_settings()
     except ValidationError as exc:
         raise StartupFailure(_invalid_settings(exc)) from exc
+    if settings.direct_database_url and not settings.database_url:
+        raise StartupFailure(
+            "FERRYMAN_DIRECT_DATABASE_URL is set but DATABASE_URL is not: set DATABASE_URL to "
+            "the pooler's URL (PgBouncer), or unset FERRYMAN_DIRECT_DATABASE_URL"
+        )
     updates = {key: value for key, value in overrides.items() if value is not None}
     return settings.model_copy(update=updates) if updates else settings
 
@@ -272,7 +277,12 @@ def _prepare(settings: Settings) -> str:
 def _any_active_key(settings: Settings, url: str) -> bool:
     from app.store import keys as key_store
 
-    return bool(_on_database(settings, lambda: _transaction(url, key_store.any_active)))
+    return bool(
+        _on_database(
+            settings,
+            lambda: _transaction(url, key_store.any_active, settings.direct_database_url),
+        )
+    )
 
 
 @click.command("worker", short_help="Run a worker alone.")
@@ -321,18 +331,23 @@ def migrate_command() -> None:
     with _starting():
         settings = _settings()
         _configure_logs(settings)
-        revision = _on_database(settings, lambda: migrate.upgrade(bootstrap.database_url(settings)))
+        revision = _on_database(
+            settings,
+            lambda: migrate.upgrade(
+                bootstrap.direct_url(settings, bootstrap.database_url(settings))
+            ),
+        )
     click.echo(f"database at revision {revision}")
 
 
-def _transaction(url: str, work: Callable[[Any], Any]) -> Any:
-    """Run `work(conn)` in one transaction on `url`."""
+def _transaction(url: str, work: Callable[[Any], Any], direct_url: str | None = None) -> Any:
+    """Run `work(conn)` in one transaction on `url` (a pooler's, if `direct_url` differs)."""
     import asyncio
 
     from app.db.pool import Database
 
     async def run() -> Any:
-        db = Database(url, min_size=1, max_size=1)
+        db = Database(url, direct_url=direct_url, min_size=1, max_size=1)
         await db.pool.open(wait=True)
         try:
             async with db.transaction() as conn:
@@ -349,7 +364,7 @@ def _with_db(work: Callable[[Any], Any]) -> Any:
         settings = _settings()
         _configure_logs(settings, quiet=True)
         url = _prepare(settings)
-        return _on_database(settings, lambda: _transaction(url, work))
+        return _on_database(settings, lambda: _transaction(url, work, settings.direct_database_url))
 
 
 @keys_cli.command("create")

@@ -25,9 +25,23 @@ def database_url(settings: Settings) -> str:
     return url
 
 
+def direct_url(settings: Settings, url: str) -> str:
+    """Where session state lives for a pool on `url`: FERRYMAN_DIRECT_DATABASE_URL, else `url`
+    itself (app/db/pool.py)."""
+    return settings.direct_database_url or url
+
+
 def prepare(settings: Settings) -> str:
-    """The database URL, with migrations applied (serialized across replicas)."""
+    """The database URL (the pooled one), with migrations applied (serialized across replicas,
+    on the direct connection: their lock is a session's)."""
     url = database_url(settings)
-    revision = migrate.upgrade(url)
+    if settings.direct_database_url:
+        log.info(
+            "direct connections (LISTEN, liveness locks, migrations) to %s; "
+            "pooled connections through %s",
+            redact(settings.direct_database_url),
+            redact(url),
+        )
+    revision = migrate.upgrade(direct_url(settings, url))
     log.info("database schema at revision %s", revision)
     return url

@@ -71,8 +71,18 @@ def head_revision() -> str | None:
 
 
 def upgrade(url: str) -> str | None:
-    """Upgrade to head under an advisory lock; return the revision now applied."""
+    """Upgrade to head under an advisory lock; return the revision now applied.
+
+    `url` must reach the server directly, not through a transaction-mode pooler: the lock is a
+    session's. The wait for another replica's migration, and the migration itself, are not cut
+    short by a statement or lock timeout the role may set by default (docs/deploy.md)."""
     with _connection(url) as conn:
+        conn.execute(
+            sqlalchemy.text(
+                "SELECT set_config('statement_timeout', '0', false),"
+                " set_config('lock_timeout', '0', false)"
+            )
+        )
         conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
         try:
             cfg = _config()

@@ -1,7 +1,14 @@
-"""The connection pool every request, stream read and run write borrows from."""
+"""The connection pool every request, stream read and run write borrows from.
+
+The pool may go through a transaction-mode pooler (PgBouncer): then each transaction may run on
+another server connection, so the pool keeps no session state there. What needs a session of its
+own (LISTEN, the workers' liveness locks and the death watch's waits on them, migrations) connects
+to `direct_url` instead (docs/deploy.md).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -50,9 +57,10 @@ async def check_idle_connection(conn: Connection) -> None:
 
 @dataclass(frozen=True)
 class SessionLimits:
-    """Server-side limits of every pooled connection, in seconds (0: none): a stuck lock or a
-    runaway statement gives the connection back, with an error the API answers 503, instead of
-    holding it while requests queue behind it."""
+    """Server-side limits of every pooled connection (behind a transaction-mode pooler: of every
+    transaction), in seconds (0: none): a stuck lock or a runaway statement gives the connection
+    back, with an error the API answers 503, instead of holding it while requests queue behind
+    it."""
 
     statement_timeout: float = 0
     lock_timeout: float = 0
@@ -60,29 +68,57 @@ class SessionLimits:
 
     def options(self, url: str) -> str:
         """libpq `options` for these limits, after any the URL already sets."""
-        settings = {
-            "statement_timeout": self.statement_timeout,
-            "lock_timeout": self.lock_timeout,
-            "idle_in_transaction_session_timeout": self.idle_in_transaction_timeout,
-        }
-        ours = " ".join(f"-c {name}={round(value * 1000)}" for name, value in settings.items())
+        ours = " ".join(f"-c {name}={ms}" for name, ms in self._milliseconds().items())
         theirs = conninfo_to_dict(url).get("options")
         return f"{theirs} {ours}" if theirs else ours
 
+    def begin(self) -> str:
+        """BEGIN with these limits for the transaction alone (SET LOCAL): one simple-protocol
+        query, so one round trip, as a bare BEGIN is."""
+        sets = "".join(f"; SET LOCAL {name} = {ms}" for name, ms in self._milliseconds().items())
+        return f"BEGIN{sets}"
+
+    def _milliseconds(self) -> dict[str, int]:
+        return {
+            "statement_timeout": round(self.statement_timeout * 1000),
+            "lock_timeout": round(self.lock_timeout * 1000),
+            "idle_in_transaction_session_timeout": round(self.idle_in_transaction_timeout * 1000),
+        }
+
 
 class Database:
+    """The pool on `url`. `direct_url` (default: `url`) is where session state lives; when it
+    differs, `url` is taken to be a transaction-mode pooler in front of it (`pooled`):
+
+    - no server-side prepared statements (psycopg's `prepare_threshold=None`): a statement
+      prepared in one transaction's server connection is unknown to the next one's;
+    - the limits are set per transaction, by `SET LOCAL` in the query that begins it, instead
+      of per connection by the `options` startup parameter (which PgBouncer refuses). A
+      statement in autocommit (`connection()`) then has only the server's or role's limits.
+
+    Round trips per transaction are the same either way: BEGIN (with the SET LOCALs), the
+    statements, COMMIT."""
+
     def __init__(
         self,
         url: str,
         *,
+        direct_url: str | None = None,
         min_size: int = 2,
         max_size: int = 20,
         timeout: float = 5.0,
         limits: SessionLimits | None = None,
     ):
         self.url = url
+        self.direct_url = direct_url or url
+        self.pooled = self.direct_url != url
         connect: dict[str, Any] = {"row_factory": dict_row, "autocommit": True}
-        if limits is not None:
+        self._begin: str | None = None
+        if self.pooled:
+            connect["prepare_threshold"] = None
+            if limits is not None:
+                self._begin = limits.begin()
+        elif limits is not None:
             connect["options"] = limits.options(url)
         self.pool: AsyncConnectionPool[Connection] = _Pool(
             url,
@@ -113,8 +149,20 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
         """A connection inside one transaction, committed when the block exits cleanly."""
-        async with self.pool.connection() as conn, conn.transaction():
-            yield conn
+        async with self.pool.connection() as conn:
+            if self._begin is None:
+                async with conn.transaction():
+                    yield conn
+                return
+            # Begun by hand, with its limits; a `conn.transaction()` inside is a savepoint.
+            await conn.execute(self._begin)
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):  # a broken one leaves the pool
+                    await conn.rollback()
+                raise
+            await conn.commit()
 
     async def ping(self) -> None:
         async with self.connection() as conn:

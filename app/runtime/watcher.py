@@ -20,11 +20,26 @@ log = logging.getLogger(__name__)
 Connection = psycopg.AsyncConnection[dict[str, object]]
 
 
+# Each cut-short wait is an ERROR in PostgreSQL's log ("canceling statement due to statement
+# timeout", for `pg_advisory_lock_shared`): at 5 s that was 17,280 a day per worker. The re-pick
+# on a timer is only a fallback: a worker that registers NOTIFYs `membership` (the bus wakes every
+# subscriber after a reconnect), a peer that stops or dies frees its lock, and every claim reaps
+# dead workers anyway.
+REPICK_SECONDS = 60.0
+
+
 async def watch_peers(
-    url: str, worker_id: str, membership: asyncio.Event, *, repick_seconds: float = 5.0
+    url: str,
+    worker_id: str,
+    membership: asyncio.Event,
+    *,
+    repick_seconds: float = REPICK_SECONDS,
 ) -> None:
     """Run until cancelled. The peer is chosen again when `membership` is set (a worker
-    registered) and at least every `repick_seconds` (statement_timeout cuts the wait short)."""
+    registered) and at least every `repick_seconds` (statement_timeout cuts the wait short).
+
+    `url` reaches PostgreSQL directly, never through a transaction-mode pooler: the wait is on a
+    session-level advisory lock."""
     backoff = Backoff()
     outage = Outage(log, "death watch")
     while True:
@@ -32,7 +47,11 @@ async def watch_peers(
             async with await psycopg.AsyncConnection.connect(
                 url, autocommit=True, row_factory=dict_row
             ) as conn:
-                await conn.execute(f"SET statement_timeout = {int(repick_seconds * 1000)}")
+                # Only the re-pick cuts a wait short: not a lock_timeout the server or the role
+                # may set by default (every wait would end in an error and a reconnect).
+                await conn.execute(
+                    f"SET statement_timeout = {int(repick_seconds * 1000)}; SET lock_timeout = 0"
+                )
                 backoff.reset()
                 outage.recovered()
                 while True:
@@ -61,7 +80,11 @@ async def _peer_died(conn: Connection, key: int, membership: asyncio.Event) -> b
     try:
         await asyncio.wait({death, changed}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        death.cancel()  # the worker stops: its connection closes under the wait
+        # The worker stops: end the wait now (psycopg cancels the statement in the server).
+        # Left running, it would hold the connection, and closing it would wait for the lock
+        # or the re-pick timeout.
+        death.cancel()
+        await asyncio.gather(death, return_exceptions=True)
         raise
     finally:
         changed.cancel()

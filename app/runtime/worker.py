@@ -137,8 +137,10 @@ class Worker:
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
+        # The liveness lock and the death watch's waits on its peer's are a session's: both on
+        # the direct connection, never through a transaction-mode pooler.
         heartbeat = Heartbeat(
-            self.db.url,
+            self.db.direct_url,
             self.id,
             interval=self.settings.heartbeat_interval,
             ttl=self.settings.lease_ttl,
@@ -153,7 +155,7 @@ class Worker:
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         membership = asyncio.Event()
         watcher = asyncio.create_task(
-            watch_peers(self.db.url, self.id, membership), name="death watch"
+            watch_peers(self.db.direct_url, self.id, membership), name="death watch"
         )
         try:
             with (

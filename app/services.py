@@ -13,6 +13,7 @@ from app.bus import Bus
 from app.config import Settings
 from app.db.pool import Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
+from app.store import events as event_store
 from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import FeedHub
 from app.streams.sse import StreamSlots
@@ -72,8 +73,14 @@ class Services:
             ),
         )
         bus = Bus(db.direct_url, channels)
+
+        async def heads(keys: list[str]) -> dict[str, tuple[int, bool]]:
+            async with db.connection() as conn:
+                return await event_store.feed_heads(conn, keys)
+
         hub = FeedHub(
             bus,
+            heads=heads,
             buffer_bytes=settings.feed_buffer_bytes,
             write_bytes=settings.stream_write_bytes,
             poll_interval=settings.poll_interval,

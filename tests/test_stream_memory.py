@@ -155,7 +155,7 @@ async def _no_read(after: int, max_bytes: int) -> Page:
 
 async def test_feed_hands_out_a_write_at_a_time_and_evicts_by_bytes() -> None:
     source = FeedSource("test", _no_head, _no_read)
-    feed = Feed(source, buffer_bytes=65_536, write_bytes=WRITE_BYTES, poll_interval=30)
+    feed = Feed(source, buffer_bytes=65_536, write_bytes=WRITE_BYTES)
     events = [_owner_event(n, {"title": "x" * 300 * n}) for n in range(1, 31)]
     for event in events:
         feed.buffer.append(event.id, event, event.size)

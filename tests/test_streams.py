@@ -898,6 +898,51 @@ async def test_events_cross_processes_through_notify(
     assert max(latencies) < bound, latencies
 
 
+async def test_a_lost_notification_is_made_up_by_the_poll(
+    server: ServerProcess, owner_key: tuple[str, str], database_url: str
+) -> None:
+    """Events committed with no NOTIFY at all (as if it was lost) still reach both streams, in
+    order, within the poll interval (2 s on the test servers): one query for all of the
+    process's feeds finds the heads that moved and wakes those feeds."""
+    owner, key = owner_key
+    async with client(server.url, key) as http:
+        session = await create_session(http, "unannounced")
+        sid = session["id"]
+        async with (
+            open_stream(http, OWNER_EVENTS) as owner_stream,
+            open_stream(http, f"/api/agent/{sid}/events", last_event_id="1") as session_stream,
+        ):
+            for stream in (owner_stream, session_stream):
+                frame = await stream.next()
+                assert frame is not None and frame.event == "caught_up"
+            async with await connect(database_url) as conn, conn.transaction():
+                # The stores' statements notify by themselves: these write as they do, silently.
+                await conn.execute(
+                    "WITH bumped AS (UPDATE sessions SET last_seq = last_seq + 1 WHERE id = %s"
+                    " RETURNING last_seq) INSERT INTO session_events (session_id, seq, attempt,"
+                    " type, data) SELECT %s, last_seq, 0, 'user_message',"
+                    ' \'{"text": "quiet", "delivery": "queued"}\' FROM bumped',
+                    (sid, sid),
+                )
+                await conn.execute(
+                    "WITH cursor AS (INSERT INTO owner_cursors (owner_id, last_id)"
+                    " VALUES (%(o)s, 1) ON CONFLICT (owner_id)"
+                    " DO UPDATE SET last_id = owner_cursors.last_id + 1"
+                    " RETURNING last_id) INSERT INTO owner_events (owner_id, id, session_id, type,"
+                    ' data) SELECT %(o)s, last_id, %(s)s, %(t)s, \'{"stage": "quiet"}\''
+                    " FROM cursor",
+                    {"o": owner, "s": sid, "t": STAGE},
+                )
+            started = time.monotonic()
+            await session_stream.until(lambda f: f.durable and f.event == "user_message", 10)
+            await owner_stream.until(
+                lambda f: f.durable and f.json["data"] == {"stage": "quiet"}, 10
+            )
+            took = time.monotonic() - started
+    assert took < 2 + 2, f"delivered {took:.1f} s after the commit"
+    assert durable_ids(session_stream.frames) == [2]
+
+
 # --- 7. deletion and follow=false -----------------------------------------------------------
 
 

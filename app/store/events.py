@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.errors import FenceRefused, SessionNotFound
-from app.store.notify import notifying, owner_key, session_key
+from app.store.notify import OWNER_KEY_PREFIX, SESSION_KEY_PREFIX, notifying, owner_key, session_key
 
 
 @dataclass(frozen=True)
@@ -200,3 +200,33 @@ async def owner_head(conn: Connection, owner_id: str) -> int:
     cur = await conn.execute("SELECT last_id FROM owner_cursors WHERE owner_id = %s", (owner_id,))
     row = await cur.fetchone()
     return int(row["last_id"]) if row else 0
+
+
+async def feed_heads(conn: Connection, keys: list[str]) -> dict[str, tuple[int, bool]]:
+    """(newest id, gone) of the feeds named by their notification keys (`session_key`,
+    `owner_key`), in one statement per kind: what the streams' fallback poll reads. A session
+    that no longer exists is gone."""
+    sessions = [
+        key.removeprefix(SESSION_KEY_PREFIX) for key in keys if key.startswith(SESSION_KEY_PREFIX)
+    ]
+    owners = [
+        key.removeprefix(OWNER_KEY_PREFIX) for key in keys if key.startswith(OWNER_KEY_PREFIX)
+    ]
+    heads: dict[str, tuple[int, bool]] = {}
+    if sessions:
+        cur = await conn.execute(
+            "SELECT id, last_seq, deleted_at IS NOT NULL AS deleted FROM sessions"
+            " WHERE id = ANY(%s::uuid[])",
+            (sessions,),
+        )
+        for row in await cur.fetchall():
+            heads[session_key(row["id"])] = (int(row["last_seq"]), bool(row["deleted"]))
+        for session_id in sessions:
+            heads.setdefault(session_key(session_id), (0, True))
+    if owners:
+        cur = await conn.execute(
+            "SELECT owner_id, last_id FROM owner_cursors WHERE owner_id = ANY(%s)", (owners,)
+        )
+        for row in await cur.fetchall():
+            heads[owner_key(row["owner_id"])] = (int(row["last_id"]), False)
+    return heads

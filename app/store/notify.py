@@ -34,14 +34,19 @@ def owner_key(owner_id: str) -> str:
     return f"{OWNER_KEY_PREFIX}{check_owner_id(owner_id)}"
 
 
+SESSION_KEY_PREFIX = "s:"
+
+
 def session_key(session_id: UUID | str) -> str:
-    return f"s:{session_id}"
+    return f"{SESSION_KEY_PREFIX}{session_id}"
 
 
 def channel_of(key: str) -> str:
     """The channel a key's notifications go on: the streams' keys (`s:`, `o:`) on
     STREAMS_CHANNEL, the workers' (`work`, `workers`, `c:`, `i:`) on RUNS_CHANNEL."""
-    return STREAMS_CHANNEL if key.startswith(("s:", OWNER_KEY_PREFIX)) else RUNS_CHANNEL
+    return (
+        STREAMS_CHANNEL if key.startswith((SESSION_KEY_PREFIX, OWNER_KEY_PREFIX)) else RUNS_CHANNEL
+    )
 
 
 def inbox_key(session_id: UUID | str) -> str:

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-from tests.support import free_port
+from tests.support import free_port, missing
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 POOL_SIZE = 5
@@ -36,10 +35,7 @@ def require_pgbouncer() -> None:
     """Skip without Debian's pgbouncer, except under CI=true (.ci/run installs it): fail."""
     if os.access(PGBOUNCER, os.X_OK):
         return
-    reason = f"{PGBOUNCER} is missing (apt-get install pgbouncer)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI=true: the PgBouncer tests must run in CI")
-    pytest.skip(reason)
+    missing(f"{PGBOUNCER} is missing (apt-get install pgbouncer)", "the PgBouncer tests")
 
 
 @dataclass

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from signal import SIGTERM  # ChildProcess.signal shadows the module in its class
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import psycopg
@@ -380,3 +380,13 @@ def stop_all(workers: list[WorkerProcess]) -> None:
 async def live_workers(url: str) -> list[str]:
     rows = await query(url, "SELECT id FROM workers WHERE stopped_at IS NULL")
     return [r["id"] for r in rows]
+
+
+def missing(reason: str, what: str) -> NoReturn:
+    """Something a test needs is missing: a skip on a developer's machine, a failure under
+    CI=true, where .ci/run provides it and `what` must run."""
+    import pytest  # tests/llm/server.py's child process imports this module without pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: {what} must run in CI)")
+    pytest.skip(reason)

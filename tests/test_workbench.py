@@ -32,6 +32,7 @@ from tests.support import (
     WorkerProcess,
     create_owner_key,
     fresh_database,
+    missing,
     stop_all,
 )
 
@@ -49,9 +50,7 @@ except ImportError:  # pragma: no cover - the test extra installs it
 
 
 def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the workbench must be tested in a real browser)")
-    pytest.skip(reason)
+    missing(reason, "the workbench's tests in a real browser")
 
 
 # --- fixtures --------------------------------------------------------------------------------

@@ -41,14 +41,11 @@ def xllamacpp_missing() -> str | None:
 
 def require_xllamacpp() -> None:
     """Skip the calling test without xllamacpp; fail it instead under CI, where it must run."""
-    import pytest  # only tests call this; the child process never imports pytest
+    from tests.support import missing  # only tests call this, never the child process
 
     reason = xllamacpp_missing()
-    if reason is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"real-model tests must run in CI: {reason}")
-    pytest.skip(reason)
+    if reason is not None:
+        missing(reason, "the real-model tests")
 
 
 @dataclass(frozen=True)

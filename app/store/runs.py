@@ -148,7 +148,8 @@ async def heartbeat(
 #
 # One statement, so one round trip and no transaction around it: it takes up to %(limit)s
 # sessions, numbers their `session_status` owner events (each owner's cursor moves once, by its
-# count, so the cursor row is locked for the statement only, not across round trips), sends the
+# count, so the cursor row is locked for the statement only, not across round trips; cursors are
+# locked in owner order, so two claims of several owners cannot deadlock), sends the
 # owner streams' notifications, and counts each session's claims since its last `session_end`
 # (what `maxAttempts` bounds: `attempt` itself only grows, since it fences, so follow-ups that
 # re-queue a finished session do not use up the budget).
@@ -177,7 +178,7 @@ CLAIM_SQL = f"""
         RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
     ), cursor AS (
         INSERT INTO owner_cursors AS c (owner_id, last_id)
-        SELECT owner_id, count(*) FROM claimed GROUP BY owner_id
+        SELECT owner_id, count(*) FROM claimed GROUP BY owner_id ORDER BY owner_id
         ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
         RETURNING owner_id, last_id, {notifying("%(owner_prefix)s || c.owner_id")} AS notified
     ), announced AS (

@@ -154,7 +154,7 @@ class Result:
     sql_statements: int = 0
     worker_cpu: float | None = None
     server_cpu: float = 0.0
-    top: list[tuple[int, str]] = field(default_factory=list)
+    top: list[tuple[int, float, str]] = field(default_factory=list)
     first_start: float | None = None  # s from "go" to the first unit's start
     load: float | None = None  # the 1-minute load average when the units were done
 
@@ -370,16 +370,17 @@ def read_counters(admin: psycopg.Connection[Any], database: str) -> Counters:
     return Counters(int(xid[0]), int(row[0]), int(row[1]))
 
 
-def statements(admin: psycopg.Connection[Any], database: str) -> list[tuple[int, str]]:
-    """(calls, query) of every statement run in `database` since the last reset, but ours."""
+def statements(admin: psycopg.Connection[Any], database: str) -> list[tuple[int, float, str]]:
+    """(calls, execution ms, query) of every statement run in `database` since the last reset,
+    but ours."""
     rows = admin.execute(
-        "SELECT s.calls, s.query FROM pg_stat_statements s"
+        "SELECT s.calls, s.total_exec_time, s.query FROM pg_stat_statements s"
         " JOIN pg_database d ON d.oid = s.dbid"
         " JOIN pg_roles r ON r.oid = s.userid"
         " WHERE d.datname = %s AND r.rolname <> %s ORDER BY s.calls DESC",
         (database, OBSERVER),
     ).fetchall()
-    return [(int(calls), " ".join(str(query).split())) for calls, query in rows]
+    return [(int(calls), float(ms), " ".join(str(query).split())) for calls, ms, query in rows]
 
 
 def wait_idle(admin: psycopg.Connection[Any], database: str, timeout: float = 30) -> None:
@@ -555,8 +556,8 @@ def run_system(
             # reconnections (DBOS retries until the database answers).
             for proc in procs:
                 stop_process(proc, kill=measured)
-    total_calls = sum(c for c, _ in calls)
-    sql_calls = sum(c for c, q in calls if not TRANSACTION_CONTROL.match(q))
+    total_calls = sum(c for c, _, _ in calls)
+    sql_calls = sum(c for c, _, q in calls if not TRANSACTION_CONTROL.match(q))
     result = Result(
         key=system.key,
         label=system.label,
@@ -617,8 +618,8 @@ def run_pgbench(cluster: Cluster, clients: int, seconds: int, top: int) -> Resul
         xids=after.xid - before.xid - 1,
         transactions=(after.commits - before.commits) + (after.rollbacks - before.rollbacks),
         rollbacks=after.rollbacks - before.rollbacks,
-        statements=sum(c for c, _ in calls),
-        sql_statements=sum(c for c, q in calls if not TRANSACTION_CONTROL.match(q)),
+        statements=sum(c for c, _, _ in calls),
+        sql_statements=sum(c for c, _, q in calls if not TRANSACTION_CONTROL.match(q)),
         worker_cpu=client_cpu,
         server_cpu=server_after - server_before,
         top=calls[:top],
@@ -711,11 +712,14 @@ def report(ceiling: Result, rounds: list[dict[str, Result]], order: list[str], t
         ]
         out.append(f"Round {number} (in this order):\n\n{table(rows)}")
     if top:
-        lines = [f"Top statements per unit (calls / unit, last round; top {top}):"]
+        lines = [
+            f"Top statements per unit (calls / unit, server execution ms / unit, last round;"
+            f" top {top}):"
+        ]
         for result in [*rounds[-1].values(), ceiling]:
             lines.append(f"\n{result.label}:")
-            for calls, query in result.top:
-                lines.append(f"  {calls / result.units:7.2f}  {query[:150]}")
+            for calls, ms, query in result.top:
+                lines.append(f"  {calls / result.units:7.2f} {ms / result.units:7.3f}  {query[:140]}")
         out.append("\n".join(lines))
     return "\n\n".join(out)
 

@@ -239,8 +239,8 @@ async def write_events(
                 await asyncio.sleep(delay)
             data = {"title": f"bench event {n}", "t": time.time(), "n": n}
             async with conn.transaction():
-                row = await append_owner_event(conn, owner, session_id, "session_title", data)
-            written.append((int(row["id"]), time.time()))
+                event_id = await append_owner_event(conn, owner, session_id, "session_title", data)
+            written.append((event_id, time.time()))
             progress(len(written))
     return written
 

@@ -8,6 +8,7 @@ tests/test_leases.py."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -15,26 +16,48 @@ from typing import Any
 import pytest
 
 from app.db.pool import Connection, Database
-from app.domain import Status
+from app.domain import OwnerEventType, Status
 from app.errors import FenceRefused
 from app.store import runs
 from app.store import sessions as session_store
-from app.store.events import Fence
+from app.store.events import Fence, append_owner_event, fence_errors
 from tests.support import fresh_database
 
 WORKER = "frozen00:1"
 
 Write = Callable[[Connection, Fence, dict[str, Any]], Awaitable[Any]]
 
+
+def batch(*events: str) -> runs.Batch:
+    written = runs.Batch()
+    for type_ in events:
+        written.add(type_, {"text": "late"})
+    return written
+
+
+def progress() -> runs.Batch:
+    written = batch("tool_call_start")
+    written.deliver(99)
+    written.count_tokens(1, 1, 1)
+    written.set_stage("tool:late")
+    written.announce(OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": "tool:late"})
+    written.ephemerals.append(("s:late", "{}"))
+    return written
+
+
+def delivered_only() -> runs.Batch:
+    written = runs.Batch()
+    written.deliver(99)
+    return written
+
+
 WRITES: dict[str, Write] = {
-    "append": lambda c, f, r: runs.append(c, f, r["id"], "assistant_message", {"text": "late"}),
-    "append_with_progress": lambda c, f, r: runs.append(
-        c, f, r["id"], "tool_call_start", {}, delivered=99, tokens=(1, 1, 1), stage="tool:late"
-    ),
-    "mark_delivered": lambda c, f, r: runs.mark_delivered(c, f, r["id"], 99),
+    "events": lambda c, f, r: runs.send_batch(c, f, r["id"], batch("assistant_message", "x")),
+    "events_with_progress": lambda c, f, r: runs.send_batch(c, f, r["id"], progress()),
+    "session_row_only": lambda c, f, r: runs.send_batch(c, f, r["id"], delivered_only()),
     "put_note": lambda c, f, r: runs.put_note(c, f, r["id"], "k", "late"),
-    "finish": lambda c, f, r: runs.finish(c, f, r, Status.SUCCEEDED),
-    "release": lambda c, f, r: runs.release(c, f, r, "shutdown"),
+    "finish": lambda c, f, r: runs.finish(c, f, r, Status.SUCCEEDED, batch("assistant_message")),
+    "release": lambda c, f, r: runs.release(c, f, r, "shutdown", batch("tool_result")),
 }
 
 
@@ -59,6 +82,14 @@ async def claimed_session(db: Database) -> dict[str, Any]:
     return row
 
 
+@contextlib.asynccontextmanager
+async def run_transaction(db: Database) -> AsyncIterator[Connection]:
+    """A transaction as a run writes it: pipelined, a refusal coming out as FenceRefused."""
+    with fence_errors():
+        async with db.pipeline() as conn:
+            yield conn
+
+
 async def state(db: Database, session_id: uuid.UUID) -> dict[str, Any]:
     async with db.connection() as conn:
         cur = await conn.execute(
@@ -78,7 +109,7 @@ async def test_a_lapsed_lease_refuses_every_run_write(database: Database, name: 
     fence = Fence(WORKER, row["attempt"])
     # Held: the write goes through (so the refusal below is the lease's doing).
     async with database.transaction() as conn:
-        await WRITES["mark_delivered"](conn, fence, row)
+        await WRITES["session_row_only"](conn, fence, row)
     async with database.transaction() as conn:
         await conn.execute(
             "UPDATE sessions SET lease_expires_at = clock_timestamp() - interval '1 second'"
@@ -88,7 +119,7 @@ async def test_a_lapsed_lease_refuses_every_run_write(database: Database, name: 
     before = await state(database, row["id"])
     assert before["lease_worker_id"] == WORKER  # no one else claimed it
     with pytest.raises(FenceRefused):
-        async with database.transaction() as conn:
+        async with run_transaction(database) as conn:
             await WRITES[name](conn, fence, row)
     assert await state(database, row["id"]) == before
 
@@ -98,6 +129,33 @@ async def test_another_attempt_is_refused_too(database: Database) -> None:
     stale = Fence(WORKER, row["attempt"] - 1)
     for name, write in WRITES.items():
         with pytest.raises(FenceRefused):
-            async with database.transaction() as conn:
+            async with run_transaction(database) as conn:
                 await write(conn, stale, row)
         assert name
+
+
+async def test_a_refused_write_takes_the_whole_pipelined_transaction_with_it(
+    database: Database,
+) -> None:
+    """The statements queued behind a refused write in the pipeline are not committed, even
+    one with no fence of its own."""
+    row = await claimed_session(database)
+    stale = Fence(WORKER, row["attempt"] - 1)
+    before = await state(database, row["id"])
+    with pytest.raises(FenceRefused):
+        async with run_transaction(database) as conn:
+            await runs.send_batch(conn, stale, row["id"], batch("tool_call_start"))
+            await append_owner_event(
+                conn, row["owner_id"], row["id"], OwnerEventType.SESSION_ACTIVE_STAGE, {}
+            )
+    assert await state(database, row["id"]) == before
+    async with database.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM owner_events WHERE session_id = %s AND type = %s",
+            (row["id"], OwnerEventType.SESSION_ACTIVE_STAGE),
+        )
+        counted = await cur.fetchone()
+    assert counted is not None and counted["n"] == 0
+    # The connection went back to the pool usable: the next transaction on it commits.
+    async with database.transaction() as conn:
+        await WRITES["session_row_only"](conn, Fence(WORKER, row["attempt"]), row)

@@ -245,8 +245,7 @@ async def connect(database_url: str) -> psycopg.AsyncConnection[DictRow]:
 async def append_stage(database_url: str, owner: str, stage: str) -> int:
     """One owner event written straight through the store, in its own transaction."""
     async with await connect(database_url) as conn, conn.transaction():
-        row = await append_owner_event(conn, owner, uuid.uuid4(), STAGE, {"stage": stage})
-    return int(row["id"])
+        return await append_owner_event(conn, owner, uuid.uuid4(), STAGE, {"stage": stage})
 
 
 async def bulk_owner_events(database_url: str, owner: str, count: int) -> int:

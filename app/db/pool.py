@@ -78,6 +78,14 @@ class SessionLimits:
         sets = "".join(f"; SET LOCAL {name} = {ms}" for name, ms in self._milliseconds().items())
         return f"BEGIN{sets}"
 
+    def set_local(self) -> str:
+        """The limits for the transaction alone as one extended-protocol statement (a pipeline
+        cannot send the several statements `begin()` sends)."""
+        sets = ", ".join(
+            f"set_config('{name}', '{ms}', true)" for name, ms in self._milliseconds().items()
+        )
+        return f"SELECT {sets}"
+
     def _milliseconds(self) -> dict[str, int]:
         return {
             "statement_timeout": round(self.statement_timeout * 1000),
@@ -114,10 +122,12 @@ class Database:
         self.pooled = self.direct_url != url
         connect: dict[str, Any] = {"row_factory": dict_row, "autocommit": True}
         self._begin: str | None = None
+        self._set_local: str | None = None
         if self.pooled:
             connect["prepare_threshold"] = None
             if limits is not None:
                 self._begin = limits.begin()
+                self._set_local = limits.set_local()
         elif limits is not None:
             connect["options"] = limits.options(url)
         self.pool: AsyncConnectionPool[Connection] = _Pool(
@@ -163,6 +173,34 @@ class Database:
                     await conn.rollback()
                 raise
             await conn.commit()
+
+    @asynccontextmanager
+    async def pipeline(self) -> AsyncIterator[Connection]:
+        """A transaction whose statements are pipelined: each is sent without waiting for the
+        answer to the one before, and COMMIT goes with the last, so the transaction is one
+        round trip, and row locks it takes are held for no round trip at all. Reading a
+        result inside the block waits for the answers up to it (one more round trip); the
+        results are all there once the block has ended. An error may surface only at the end
+        of the block: the statements after the one that failed are skipped, and the
+        transaction is rolled back."""
+        async with self.pool.connection() as conn:
+            try:
+                # BEGIN and COMMIT by hand: psycopg's `transaction()` waits for the server at
+                # its start and before its COMMIT, which would cost three round trips more.
+                async with conn.pipeline():
+                    await conn.execute("BEGIN")
+                    if self._set_local is not None:
+                        await conn.execute(self._set_local)
+                    yield conn
+                    await conn.execute("COMMIT")
+            except BaseException:
+                # A statement that failed in the pipeline leaves the transaction aborted but
+                # open (the COMMIT was skipped), as does an exception in the block: end it
+                # before the connection goes back.
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.rollback()
+                raise
 
     async def ping(self) -> None:
         async with self.connection() as conn:

@@ -4,12 +4,10 @@ the model stops, every step written through the fenced log."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from uuid import UUID
@@ -40,14 +38,14 @@ from app.agent.models import (
 from app.agent.models.base import FAULT_CODES, UNAVAILABLE_CODE
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
-from app.db.pool import Connection, Database
+from app.db.pool import Database
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
 from app.store import events as event_store
 from app.store import runs
-from app.store.events import Fence
-from app.store.notify import publish_ephemerals, session_key
+from app.store.events import Cursor, Fence, fence_errors
+from app.store.notify import session_key
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +104,15 @@ class Run:
     # The tools this session may use, by name.
     tools: dict[str, Tool] = field(default_factory=dict)
     # Writes that need not be durable before the run's next step that waits or acts (a model
-    # call, a tool): they go with the next transaction, so a turn costs one commit, not one
-    # per event. Every path from a write to such a step passes `write()` or `flush()`. Each is
-    # one statement.
-    deferred: list[Callable[[Connection], Awaitable[object]]] = field(default_factory=list)
+    # call, a tool): they go with the next write, so a turn costs one statement, not one per
+    # event. Every path from a write to such a step passes `flush()` or `finish()`.
+    pending: runs.Batch = field(default_factory=runs.Batch)
     # Whether a message or an approval decision may have been logged since the run last read
     # its log (the inbox notification; `ended` sets it too, for one that was lost).
     inbox: bool = False
-    # The seq of the last event the run wrote (committed), and of the transaction under way:
-    # a token delta says which event it follows (`afterSeq`), so streams keep them in order.
+    # The seq of the last event the run wrote (committed): a token delta says which event it
+    # follows (`afterSeq`), so streams keep them in order.
     written_seq: int = 0
-    logging_seq: int = 0
 
     @property
     def session_id(self) -> UUID:
@@ -154,53 +150,39 @@ class Run:
 
     # --- durable writes -------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def write(self) -> AsyncIterator[Connection]:
-        """A transaction of the run's, which first makes the deferred writes."""
-        self.logging_seq = self.written_seq
-        async with self.ctx.db.transaction() as conn:
-            for deferred in self.deferred:
-                await deferred(conn)
-            yield conn
-        self.deferred.clear()
-        self.written_seq = self.logging_seq
+    async def flush(self) -> None:
+        """Make the pending writes: one statement, so no transaction around it."""
+        if not self.pending:
+            return
+        with fence_errors():
+            async with self.ctx.db.connection() as conn:
+                sent = await runs.send_batch(conn, self.fence, self.session_id, self.pending)
+        await self.written(sent)
 
-    async def log(
-        self, conn: Connection, type_: str, data: dict[str, Any], **session: Any
-    ) -> dict[str, Any]:
-        """Append an event of the run's (fenced), with `session` changes to its row as
-        `runs.append` takes them; its seq counts once the transaction commits."""
-        event = await runs.append(conn, self.fence, self.session_id, type_, data, **session)
-        self.logging_seq = max(self.logging_seq, int(event["seq"]))
-        return event
+    async def written(self, sent: Cursor) -> None:
+        """The pending writes are committed (`sent` is their statement's cursor)."""
+        self.pending = runs.Batch()
+        row = await sent.fetchone()  # already received: no round trip
+        if row is not None and row["seq"] is not None:
+            self.written_seq = max(self.written_seq, int(row["seq"]))
 
     def defer(self, type_: str, data: dict[str, Any]) -> None:
-        """Log an event with the run's next transaction."""
-        self.deferred.append(lambda conn: self.log(conn, type_, data))
+        """Log an event with the run's next write."""
+        self.pending.add(type_, data)
 
-    async def flush(self) -> None:
-        """Make the deferred writes. Each is one statement, so one alone needs no transaction
-        around it (no BEGIN and COMMIT round trips)."""
-        if len(self.deferred) == 1:
-            self.logging_seq = self.written_seq
-            async with self.ctx.db.connection() as conn:
-                await self.deferred[0](conn)
-            self.deferred.clear()
-            self.written_seq = self.logging_seq
-        elif self.deferred:
-            async with self.write():
-                pass
-
-    async def append(self, type_: str, data: dict[str, Any]) -> int:
-        async with self.write() as conn:
-            event = await self.log(conn, type_, data)
-        return int(event["seq"])
+    async def append(self, type_: str, data: dict[str, Any]) -> None:
+        self.defer(type_, data)
+        await self.flush()
 
     async def finish(self, status: Status, **details: Any) -> bool:
-        """End the run; False when a follow-up arrived that the model has not seen yet: the
-        run goes on to answer it instead."""
-        async with self.write() as conn:
-            settled = await runs.finish(conn, self.fence, self.row, status, **details)
+        """End the run with the pending writes; False when a follow-up arrived that the model
+        has not seen yet: the run goes on to answer it instead (the pending writes made)."""
+        with fence_errors():
+            async with self.ctx.db.pipeline() as conn:
+                settled, sent = await runs.finish(
+                    conn, self.fence, self.row, status, self.pending, **details
+                )
+        await self.written(sent)
         return self.ended(settled)
 
     def ended(self, settled: Status | None) -> bool:
@@ -289,11 +271,7 @@ class Run:
                 "repairedToolCalls": plan.repaired_tool_calls,
             }
             self.defer(SessionEventType.SESSION_RESUMED, resumed)
-            self.deferred.append(
-                functools.partial(
-                    runs.announce, row=self.row, type_=OwnerEventType.SESSION_RESUMED, data=resumed
-                )
-            )
+            self.pending.announce(OwnerEventType.SESSION_RESUMED, resumed)
             RESUMES.labels(reason).inc()
             REPAIRED.inc(len(plan.repairs))
             log.info(
@@ -331,7 +309,7 @@ class Run:
                 await self.fail(fault, delivered)
                 return
             # Logged with what the reply leads to: its tool calls' start, or the run's end.
-            self.deferred.append(functools.partial(self.log_reply, reply, delivered))
+            self.log_reply(reply, delivered)
             self.count_tokens(reply.usage)
             self.conversation.append(reply)
             if reply.stop_reason == "error":
@@ -354,10 +332,12 @@ class Run:
             if ended:
                 return
 
-    async def log_reply(self, reply: AssistantMessage, delivered: int, conn: Connection) -> None:
-        usage = reply.usage
-        tokens = (usage.input_tokens, usage.output_tokens, usage.cached_tokens) if usage else None
-        await self.log(conn, "assistant_message", reply.wire(), delivered=delivered, tokens=tokens)
+    def log_reply(self, reply: AssistantMessage, delivered: int) -> None:
+        self.defer("assistant_message", reply.wire())
+        self.pending.deliver(delivered)
+        if reply.usage is not None:
+            usage = reply.usage
+            self.pending.count_tokens(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
 
     def requires_approval(self, call: ToolCall) -> bool:
         tool = self.tools.get(call.name)
@@ -396,21 +376,15 @@ class Run:
         """Ask for the approvals not asked for yet and end the run `waiting`, in one
         transaction, so a decision always finds the session waiting. False when a follow-up
         or a decision arrived meanwhile: the run goes on to take it."""
-        async with self.write() as conn:
-            for call in self.awaiting:
-                if call.id not in self.approvals:
-                    request = {
-                        "toolCallId": call.id,
-                        "name": call.name,
-                        "arguments": call.arguments,
-                    }
-                    await self.log(conn, "tool_approval_requested", request)
-                    self.approvals[call.id] = Approval(call.id)
-            # Everything read so far is taken: the decisions, and no message (one would have
-            # denied what is pending).
-            await runs.mark_delivered(conn, self.fence, self.session_id, self.read_seq)
-            settled = await runs.finish(conn, self.fence, self.row, Status.WAITING)
-        return self.ended(settled)
+        for call in self.awaiting:
+            if call.id not in self.approvals:
+                request = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
+                self.defer("tool_approval_requested", request)
+                self.approvals[call.id] = Approval(call.id)
+        # Everything read so far is taken: the decisions, and no message (one would have
+        # denied what is pending).
+        self.pending.deliver(self.read_seq)
+        return await self.finish(Status.WAITING)
 
     async def take_new_events(self) -> None:
         """Take follow-ups (steering) and approval decisions logged since we last looked."""
@@ -485,7 +459,7 @@ class Run:
         body = await self.ctx.deltas.take(self.session_id)
         if body is not None:
             frames = [(session_key(self.session_id), body)]
-            self.deferred.append(functools.partial(publish_ephemerals, frames=frames))
+            self.pending.ephemerals.extend(frames)
 
     async def fail(self, fault: ModelFault, delivered: int) -> None:
         """End the run `failed` for a model fault: recorded as a failure, never as words of
@@ -495,12 +469,8 @@ class Run:
         if fault.retryable:
             code = UNAVAILABLE_CODE
             message = f"{message} (gave up after {self.ctx.retry.max_retries} retries)"
-        async with self.write() as conn:
-            await runs.mark_delivered(conn, self.fence, self.session_id, delivered)
-            settled = await runs.finish(
-                conn, self.fence, self.row, Status.FAILED, error={"code": code, "message": message}
-            )
-        self.ended(settled)
+        self.pending.deliver(delivered)
+        await self.finish(Status.FAILED, error={"code": code, "message": message})
 
     def count_tokens(self, usage: Usage | None) -> None:
         if usage is None:
@@ -512,13 +482,12 @@ class Run:
 
     async def call_tool(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         self.check()
-        async with self.write() as conn:  # durable before the tool runs
-            stage = f"tool:{call.name}"
-            start = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
-            await self.log(conn, "tool_call_start", start, stage=stage)
-            await runs.announce(
-                conn, self.row, OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage}
-            )
+        stage = f"tool:{call.name}"
+        start = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
+        self.defer("tool_call_start", start)
+        self.pending.set_stage(stage)
+        self.pending.announce(OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage})
+        await self.flush()  # durable before the tool runs
         try:
             result = bounded_result(await self.run_tool(call, tool), self.ctx.max_event_bytes)
         except RunAborted as aborted:
@@ -597,8 +566,12 @@ class Run:
             if reason == "cancelled":
                 await self.finish(Status.CANCELLED)
             elif reason == "shutdown":
-                async with self.write() as conn:
-                    await runs.release(conn, self.fence, self.row, "shutdown")
+                with fence_errors():
+                    async with self.ctx.db.pipeline() as conn:
+                        sent = await runs.release(
+                            conn, self.fence, self.row, "shutdown", self.pending
+                        )
+                await self.written(sent)
             elif reason == "lease_lost":
                 self.log_lease_lost()
         except FenceRefused:
@@ -673,8 +646,10 @@ class FencedNotes:
         self.db, self.fence, self.session_id = db, fence, session_id
 
     async def put(self, key: str, text: str) -> None:
-        async with self.db.connection() as conn:  # one statement: no transaction around it
-            await runs.put_note(conn, self.fence, self.session_id, key, text)
+        # One statement: no transaction around it.
+        with fence_errors():
+            async with self.db.connection() as conn:
+                await runs.put_note(conn, self.fence, self.session_id, key, text)
 
     async def get(self, key: str) -> str | None:
         async with self.db.connection() as conn:

@@ -26,7 +26,7 @@ from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
 from app.store import runs
 from app.store import tools as tool_store
-from app.store.events import Fence
+from app.store.events import Fence, fence_errors
 from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key, inbox_key
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,11 @@ class Worker:
             status, error = Status.CANCELLED, None  # no model call for it
         else:
             return False
-        async with self.db.transaction() as conn:
-            await runs.finish(conn, fence, row, status, error=error, requeue_undelivered=False)
+        with fence_errors():
+            async with self.db.pipeline() as conn:
+                await runs.finish(
+                    conn, fence, row, status, runs.Batch(), error=error, requeue_undelivered=False
+                )
         return True
 
     async def _drive(self, run: Run) -> None:

@@ -4,16 +4,22 @@ are gap-free and commit in order."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import psycopg
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
+from app.domain import check_owner_id
 from app.errors import FenceRefused, SessionNotFound
 from app.store.notify import OWNER_KEY_PREFIX, SESSION_KEY_PREFIX, notifying, owner_key, session_key
+
+Cursor = psycopg.AsyncCursor[DictRow]
 
 
 @dataclass(frozen=True)
@@ -28,89 +34,120 @@ class Fence:
         return {"worker_id": self.worker_id, "attempt": self.attempt}
 
 
-_BUMP = """
-    UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp(){sets}
-    WHERE id = %(session_id)s {fence}
-    RETURNING last_seq, attempt, owner_id
-"""
 # The whole fence, in every statement a run writes with: the holder, its attempt, and a lease
 # that has not run out (a holder frozen past its TTL writes nothing, even if no one claimed).
 FENCE = (
     "lease_worker_id = %(worker_id)s AND attempt = %(attempt)s"
     " AND lease_expires_at > clock_timestamp()"
 )
+# The fence as a write's condition on the session row (`id`): true, or an error (SQLSTATE
+# FENCE_REFUSED, migration 0007) that aborts the transaction. A run's transactions are
+# pipelined, so a refused write that merely wrote nothing would let the ones queued after it
+# commit.
+FENCED = f"CASE WHEN {FENCE} THEN true ELSE ferryman_fence_refused(id) END"
+# A class no PostgreSQL error uses: psycopg raises a plain DatabaseError for it.
+FENCE_REFUSED = "LEASE"
+
+
+@contextlib.contextmanager
+def fence_errors() -> Iterator[None]:
+    """Turn the database's refusal of a fenced write into FenceRefused (around a whole
+    transaction: pipelined, the error comes at its end)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate == FENCE_REFUSED:
+            raise FenceRefused(str(exc.diag.message_primary)) from exc
+        raise
+
+
+def owner_event_ctes(rows: str, type_: str, data: str, order: str = "s.created_at, s.id") -> str:
+    """Two CTEs, `owner_cursor` and `owner_appended`, that append an owner event for each row
+    `s` of the CTE `rows` (columns `owner_id`, `id` the session, and what `order` orders the
+    events of one owner by): of type `type_` with data `data` (SQL expressions over `s`), and
+    notify each owner's stream. Each owner's cursor moves once, by its count, so its row is
+    locked once per statement; cursors are locked in owner order, so two statements writing
+    several owners cannot deadlock."""
+    return f"""
+    owner_cursor AS (
+        INSERT INTO owner_cursors AS c (owner_id, last_id)
+        SELECT owner_id, count(*) FROM {rows} GROUP BY owner_id ORDER BY owner_id
+        ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+        RETURNING owner_id, last_id, {notifying(f"'{OWNER_KEY_PREFIX}' || c.owner_id")} AS notified
+    ), owner_appended AS (
+        INSERT INTO owner_events (owner_id, id, session_id, type, data)
+        SELECT s.owner_id,
+               c.last_id - count(*) OVER owner
+                   + row_number() OVER (owner ORDER BY {order}),
+               s.id, {type_}, {data}
+        FROM {rows} s JOIN owner_cursor c ON c.owner_id = s.owner_id
+        WINDOW owner AS (PARTITION BY s.owner_id)
+        RETURNING id
+    )"""
+
+
+async def send_session_event(
+    conn: Connection, session_id: UUID, type_: str, data: dict[str, Any]
+) -> Cursor:
+    """Append one event (not a run's: unfenced; a run's go through `runs.send_batch`). Returns
+    the statement's cursor, whose row (none: no such session) a pipelined transaction has once
+    it ends.
+
+    The seq comes from `sessions.last_seq`, bumped under the session row lock in the same
+    statement; the stream's notification goes in it too.
+    """
+    return await conn.execute(
+        """
+        WITH bumped AS (
+            UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
+            WHERE id = %(session_id)s
+            RETURNING last_seq, attempt, owner_id
+        ), appended AS (
+            INSERT INTO session_events (session_id, seq, attempt, type, data)
+            SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped
+            RETURNING session_id, seq, attempt, type, data, created_at,
+                (SELECT owner_id FROM bumped) AS owner_id
+        )
+        SELECT * FROM appended WHERE """
+        + notifying("%(notify_key)s"),
+        {
+            "session_id": session_id,
+            "type": type_,
+            "data": Jsonb(data),
+            "notify_key": session_key(session_id),
+        },
+    )
 
 
 async def append_session_event(
-    conn: Connection,
-    session_id: UUID,
-    type_: str,
-    data: dict[str, Any],
-    *,
-    fence: Fence | None = None,
-    session_sets: str = "",
-    **set_params: Any,
+    conn: Connection, session_id: UUID, type_: str, data: dict[str, Any]
 ) -> dict[str, Any]:
-    """Append one event; with a fence, refuse (FenceRefused) unless the lease is still held.
-
-    The seq comes from `sessions.last_seq`, bumped under the session row lock in the same
-    statement that checks the fence: one place allocates seqs and one place fences writes.
-    `session_sets` (`, column = %(param)s ...`, with `set_params`) changes the session row in
-    that same statement; the stream's notification goes in it too.
-    """
-    params: dict[str, Any] = {
-        "session_id": session_id,
-        "type": type_,
-        "data": Jsonb(data),
-        "notify_key": session_key(session_id),
-        **(fence.params() if fence else {}),
-        **set_params,
-    }
-    bump = _BUMP.format(fence=f"AND {FENCE}" if fence else "", sets=session_sets)
-    query = (
-        f"WITH bumped AS ({bump}), appended AS ("
-        " INSERT INTO session_events (session_id, seq, attempt, type, data)"
-        " SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped"
-        " RETURNING session_id, seq, attempt, type, data, created_at,"
-        " (SELECT owner_id FROM bumped) AS owner_id"
-        f") SELECT * FROM appended WHERE {notifying('%(notify_key)s')}"
-    )
-    row = await (await conn.execute(query, params)).fetchone()
+    """Append one event (`send_session_event`) and return it; SessionNotFound if there is no
+    such session."""
+    row = await (await send_session_event(conn, session_id, type_, data)).fetchone()
     if row is None:
-        if fence is not None:
-            raise FenceRefused(f"lease on {session_id} is no longer held by {fence}")
         raise SessionNotFound()
     return row
 
 
 async def append_owner_event(
     conn: Connection, owner_id: str, session_id: UUID, type_: str, data: dict[str, Any]
-) -> dict[str, Any]:
-    row = await (
-        await conn.execute(
-            f"""
-            WITH cursor AS (
-                INSERT INTO owner_cursors (owner_id, last_id) VALUES (%(owner)s, 1)
-                ON CONFLICT (owner_id) DO UPDATE SET last_id = owner_cursors.last_id + 1
-                RETURNING last_id
-            ), appended AS (
-                INSERT INTO owner_events (owner_id, id, session_id, type, data)
-                SELECT %(owner)s, last_id, %(session_id)s, %(type)s, %(data)s FROM cursor
-                RETURNING owner_id, id, session_id, type, data, created_at
-            )
-            SELECT * FROM appended WHERE {notifying("%(notify_key)s")}
-            """,
-            {
-                "owner": owner_id,
-                "session_id": session_id,
-                "type": type_,
-                "data": Jsonb(data),
-                "notify_key": owner_key(owner_id),
-            },
-        )
-    ).fetchone()
+) -> int:
+    """Append an owner event; its id."""
+    cur = await conn.execute(
+        "WITH event AS (SELECT %(owner)s::text AS owner_id, %(session_id)s::uuid AS id,"
+        f" clock_timestamp() AS created_at), {owner_event_ctes('event', '%(type)s', '%(data)s')}"
+        " SELECT id FROM owner_appended",
+        {
+            "owner": check_owner_id(owner_id),
+            "session_id": session_id,
+            "type": type_,
+            "data": Jsonb(data),
+        },
+    )
+    row = await cur.fetchone()
     assert row is not None
-    return row
+    return int(row["id"])
 
 
 # A page of a log: after a cursor, at most `limit` rows, and with `max_bytes` only the rows

@@ -61,10 +61,10 @@ def cancel_key(session_id: UUID | str) -> str:
     return f"c:{session_id}"
 
 
-async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) -> None:
-    """Send frames that are not logged (token deltas), `(key, body)` each, in one statement:
-    as few payloads as fit them, one `key|body` line per frame (a body is one-line JSON). Best
-    effort: lost if no one listens; a frame bigger than a payload is not sent."""
+def ephemeral_payloads(frames: list[tuple[str, str]]) -> list[str]:
+    """Frames that are not logged (token deltas), `(key, body)` each, packed into as few
+    NOTIFY payloads as fit them, one `key|body` line per frame (a body is one-line JSON). A
+    frame bigger than a payload is left out."""
     payloads: list[str] = []
     lines: list[str] = []
     size = 0
@@ -80,6 +80,13 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
         size += length
     if lines:
         payloads.append("\n".join(lines))
+    return payloads
+
+
+async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) -> None:
+    """Send frames that are not logged (`ephemeral_payloads`) in one statement. Best effort:
+    lost if no one listens."""
+    payloads = ephemeral_payloads(frames)
     if payloads:
         await conn.execute(
             "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",

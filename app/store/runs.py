@@ -7,15 +7,26 @@ that writes, so a worker that lost its lease writes nothing more.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
+
+from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
-from app.store.events import FENCE, Fence, append_owner_event, append_session_event
-from app.store.notify import OWNER_KEY_PREFIX, WORK_KEY, WORKERS_KEY, notify, notifying
-from app.store.sessions import SESSION_COLUMNS, set_status
+from app.store.events import FENCE, FENCED, Cursor, Fence, owner_event_ctes
+from app.store.notify import (
+    STREAMS_CHANNEL,
+    WORK_KEY,
+    WORKERS_KEY,
+    ephemeral_payloads,
+    notify,
+    notifying,
+    session_key,
+)
+from app.store.sessions import SESSION_COLUMNS
 
 # Advisory-lock namespace of worker liveness locks: pg_advisory_lock(WORKER_LOCK_NAMESPACE, key).
 WORKER_LOCK_NAMESPACE = 0x4645
@@ -147,12 +158,10 @@ async def heartbeat(
 # a claim reads that index in creation order, never the finished sessions (tests/test_claim.py).
 #
 # One statement, so one round trip and no transaction around it: it takes up to %(limit)s
-# sessions, numbers their `session_status` owner events (each owner's cursor moves once, by its
-# count, so the cursor row is locked for the statement only, not across round trips; cursors are
-# locked in owner order, so two claims of several owners cannot deadlock), sends the
-# owner streams' notifications, and counts each session's claims since its last `session_end`
-# (what `maxAttempts` bounds: `attempt` itself only grows, since it fences, so follow-ups that
-# re-queue a finished session do not use up the budget).
+# sessions, appends their `session_status` owner events (`owner_event_ctes`: the cursor rows are
+# locked for the statement only, not across round trips), and counts each session's claims
+# since its last `session_end` (what `maxAttempts` bounds: `attempt` itself only grows, since
+# it fences, so follow-ups that re-queue a finished session do not use up the budget).
 CLAIM_SQL = f"""
     WITH candidate AS (
         SELECT s.id FROM sessions s
@@ -176,21 +185,13 @@ CLAIM_SQL = f"""
             updated_at = clock_timestamp()
         FROM candidate WHERE s.id = candidate.id
         RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
-    ), cursor AS (
-        INSERT INTO owner_cursors AS c (owner_id, last_id)
-        SELECT owner_id, count(*) FROM claimed GROUP BY owner_id ORDER BY owner_id
-        ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
-        RETURNING owner_id, last_id, {notifying("%(owner_prefix)s || c.owner_id")} AS notified
-    ), announced AS (
-        INSERT INTO owner_events (owner_id, id, session_id, type, data)
-        SELECT s.owner_id,
-               c.last_id - count(*) OVER owner
-                   + row_number() OVER (owner ORDER BY s.created_at, s.id),
-               s.id, '{OwnerEventType.SESSION_STATUS}',
-               jsonb_build_object('status', 'running', 'attempt', s.attempt)
-        FROM claimed s JOIN cursor c ON c.owner_id = s.owner_id
-        WINDOW owner AS (PARTITION BY s.owner_id)
+    ), {
+    owner_event_ctes(
+        "claimed",
+        f"'{OwnerEventType.SESSION_STATUS}'",
+        "jsonb_build_object('status', 'running', 'attempt', s.attempt)",
     )
+}
     SELECT s.*, s.attempt - coalesce((
         SELECT e.attempt FROM session_events e
         WHERE e.session_id = s.id AND e.type = '{SessionEventType.SESSION_END}'
@@ -225,88 +226,131 @@ async def claim(
         "ttl": ttl,
         "busy": list(busy),
         "limit": limit,
-        "owner_prefix": OWNER_KEY_PREFIX,
     }
     cur = await conn.execute(CLAIM_SQL, params)
     return await cur.fetchall()
 
 
-async def append(
-    conn: Connection,
-    fence: Fence,
-    session_id: UUID,
-    type_: str,
-    data: dict[str, Any],
-    *,
-    delivered: int | None = None,
-    tokens: tuple[int, int, int] | None = None,
-    stage: str | None = None,
-) -> dict[str, Any]:
-    """A fenced run event (FenceRefused once the lease is gone). In the same statement, on the
-    session row: `delivered`, the log the model has seen up to (undelivered messages re-queue);
-    `tokens`, a turn's (input, output, cached) added to the running totals; `stage`, the
-    run's new active stage (announce it on the owner feed too)."""
-    sets: list[str] = []
-    params: dict[str, Any] = {}
-    if delivered is not None:
-        sets.append("delivered_seq = greatest(delivered_seq, %(delivered)s)")
-        params["delivered"] = delivered
-    if tokens is not None:
-        sets.append(
-            "input_tokens = input_tokens + %(input)s, output_tokens = output_tokens + %(output)s,"
-            " cached_tokens = cached_tokens + %(cached)s"
+@dataclass
+class Batch:
+    """A run's writes not sent yet, sent as one fenced statement (`send_batch`): its events in
+    order, changes to the session row, owner events about it, and frames that are not logged
+    (token deltas), notified before the events they precede."""
+
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    owner_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    ephemerals: list[tuple[str, str]] = field(default_factory=list)
+    # Session row changes: column -> SQL expression, with the parameters they name.
+    assignments: dict[str, str] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.owner_events or self.ephemerals or self.assignments)
+
+    def add(self, type_: str, data: dict[str, Any]) -> None:
+        self.events.append((type_, data))
+
+    def announce(self, type_: str, data: dict[str, Any]) -> None:
+        self.owner_events.append((type_, data))
+
+    def deliver(self, seq: int) -> None:
+        """The model has seen the log up to `seq` (undelivered messages re-queue)."""
+        self.params["delivered"] = max(seq, self.params.get("delivered", seq))
+        self.assignments["delivered_seq"] = "greatest(delivered_seq, %(delivered)s)"
+
+    def delivered(self) -> int | None:
+        delivered: int | None = self.params.get("delivered")
+        return delivered
+
+    def count_tokens(self, input_: int, output: int, cached: int) -> None:
+        """A turn's tokens, added to the session's running totals."""
+        for column, tokens in (("input", input_), ("output", output), ("cached", cached)):
+            self.params[column] = self.params.get(column, 0) + tokens
+            self.assignments[f"{column}_tokens"] = f"{column}_tokens + %({column})s"
+
+    def set_stage(self, stage: str | None) -> None:
+        self.params["stage"] = stage
+        self.assignments["active_stage"] = "%(stage)s"
+
+    def copy(self) -> Batch:
+        return Batch(
+            list(self.events),
+            list(self.owner_events),
+            list(self.ephemerals),
+            dict(self.assignments),
+            dict(self.params),
         )
-        params.update(zip(("input", "output", "cached"), tokens, strict=True))
-    if stage is not None:
-        sets.append("active_stage = %(stage)s")
-        params["stage"] = stage
-    return await append_session_event(
-        conn,
-        session_id,
-        type_,
-        data,
-        fence=fence,
-        session_sets="".join(f", {assignment}" for assignment in sets),
-        **params,
+
+
+# The ephemeral frames are notified in the UPDATE's condition, so before the events' own
+# notifications (in the final SELECT): a stream gets a turn's last deltas before its message.
+_BATCH_SQL = """
+    WITH ephemeral AS MATERIALIZED (
+        SELECT count(pg_notify('{channel}', payload)) AS n
+        FROM unnest(%(payloads)s::text[]) AS payload
+    ), bumped AS (
+        UPDATE sessions SET last_seq = last_seq + %(n)s, updated_at = clock_timestamp(){sets}
+        WHERE id = %(session_id)s AND {fenced} AND (SELECT n FROM ephemeral) >= 0
+        RETURNING id, owner_id, last_seq, attempt
+    ), appended AS (
+        INSERT INTO session_events (session_id, seq, attempt, type, data)
+        SELECT b.id, b.last_seq - %(n)s + e.ord, b.attempt, e.type, e.data
+        FROM bumped b,
+             unnest(%(types)s::text[], %(datas)s::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
+        RETURNING seq
+    ), owner_rows AS (
+        SELECT b.owner_id, b.id, o.ord, o.type, o.data
+        FROM bumped b,
+             unnest(%(owner_types)s::text[], %(owner_datas)s::jsonb[])
+                 WITH ORDINALITY AS o(type, data, ord)
+    ), {owner_events}
+    SELECT max(seq) AS seq FROM appended WHERE {notifying}
+"""
+
+
+async def send_batch(conn: Connection, fence: Fence, session_id: UUID, batch: Batch) -> Cursor:
+    """Write `batch` in one statement, fenced: the database refuses it (`events.fence_errors`)
+    once the lease is gone. The returned cursor's row has the `seq` of its last event (in a
+    pipelined transaction: once that has ended)."""
+    sets = "".join(f", {column} = {value}" for column, value in batch.assignments.items())
+    query = _BATCH_SQL.format(
+        channel=STREAMS_CHANNEL,
+        sets=sets,
+        fenced=FENCED,
+        owner_events=owner_event_ctes("owner_rows", "s.type", "s.data", order="s.ord"),
+        notifying=notifying("%(notify_key)s"),
     )
+    params = {
+        **batch.params,
+        **fence.params(),
+        "session_id": session_id,
+        "notify_key": session_key(session_id),
+        "payloads": ephemeral_payloads(batch.ephemerals),
+        "n": len(batch.events),
+        "types": [type_ for type_, _ in batch.events],
+        "datas": [Jsonb(data) for _, data in batch.events],
+        "owner_types": [type_ for type_, _ in batch.owner_events],
+        "owner_datas": [Jsonb(data) for _, data in batch.owner_events],
+    }
+    return await conn.execute(query, params)
 
 
-async def announce(
-    conn: Connection, row: dict[str, Any], type_: OwnerEventType, data: dict[str, Any]
-) -> None:
-    """An owner event about a run (written in the same transaction as a fenced write)."""
-    await append_owner_event(conn, row["owner_id"], row["id"], type_, data)
-
-
-async def _fenced_update(
-    conn: Connection, fence: Fence, session_id: UUID, assignments: str, **params: Any
-) -> None:
-    """`UPDATE sessions SET <assignments>` for the lease holder only (FenceRefused otherwise)."""
-    cur = await conn.execute(
-        f"UPDATE sessions SET {assignments} WHERE id = %(session_id)s AND {FENCE} RETURNING id",
-        {**params, **fence.params(), "session_id": session_id},
-    )
-    if await cur.fetchone() is None:
-        raise FenceRefused(f"lease on {session_id} is no longer held by {fence}")
-
-
-async def mark_delivered(conn: Connection, fence: Fence, session_id: UUID, seq: int) -> None:
-    """Record that the model has seen the log up to `seq` (undelivered messages re-queue)."""
-    await _fenced_update(
-        conn, fence, session_id, "delivered_seq = greatest(delivered_seq, %(seq)s)", seq=seq
-    )
-
-
-async def undelivered_messages(conn: Connection, session_id: UUID) -> int:
-    """Follow-ups and approval decisions logged after the run last took in the log."""
-    cur = await conn.execute(
+async def _send_undelivered_count(
+    conn: Connection, session_id: UUID, delivered: int | None
+) -> Cursor:
+    """Count the follow-ups and approval decisions logged after what the model has seen: the
+    session's `delivered_seq`, or `delivered` if that is further (`_count` reads it)."""
+    return await conn.execute(
         """
         SELECT count(*) AS n FROM session_events e JOIN sessions s ON s.id = e.session_id
         WHERE e.session_id = %s AND e.type IN ('user_message', 'tool_approval_decided')
-          AND e.seq > s.delivered_seq
+          AND e.seq > greatest(s.delivered_seq, %s)
         """,
-        (session_id,),
+        (session_id, delivered),
     )
+
+
+async def _count(cur: Cursor) -> int:
     row = await cur.fetchone()
     return int(row["n"]) if row else 0
 
@@ -316,66 +360,81 @@ async def finish(
     fence: Fence,
     row: dict[str, Any],
     status: Status,
+    batch: Batch,
     *,
     error: dict[str, Any] | None = None,
     note: str | None = None,
     requeue_undelivered: bool = True,
-) -> Status | None:
-    """Close the run: `session_end`, the new status, the lease released.
+) -> tuple[Status | None, Cursor]:
+    """Close the run with what `batch` holds: `session_end`, the new status, the lease
+    released. Returns the status it settled and `send_batch`'s cursor.
 
     A cancel accepted before this commits wins: the row lock orders the two, so a cancel
     either finds the session terminal (409) or the session ends `cancelled`, never both.
 
     The same lock orders follow-ups (`post_message` locks the row too). One that came in
     during the run and never reached the model keeps the run going when it would end
-    `succeeded` or `waiting`: None, nothing written, the caller delivers it. After a failure
-    it re-queues the session (announced after the failure), unless `requeue_undelivered` is
-    False.
+    `succeeded` or `waiting`: None, only `batch` written, the caller delivers it. After a
+    failure it re-queues the session (announced after the failure), unless
+    `requeue_undelivered` is False.
     """
     cur = await conn.execute(
         f"SELECT cancel_requested_at IS NOT NULL AS cancel, {FENCE} AS held FROM sessions"
         " WHERE id = %(session_id)s FOR UPDATE",
         {**fence.params(), "session_id": row["id"]},
     )
+    # Sent before the lock's answer is read (one round trip for both in a pipeline); after it
+    # on the server, so it sees any follow-up committed while the lock was awaited.
+    undelivered = await _send_undelivered_count(conn, row["id"], batch.delivered())
     locked = await cur.fetchone()
     if locked is None or not locked["held"]:
         raise FenceRefused(f"lease on {row['id']} is no longer held by {fence}")
     if locked["cancel"] and status != Status.FAILED:
         status, error, requeue_undelivered = Status.CANCELLED, None, False
-    pending = requeue_undelivered and await undelivered_messages(conn, row["id"]) > 0
+    pending = requeue_undelivered and await _count(undelivered) > 0
     if pending and status in (Status.SUCCEEDED, Status.WAITING):
-        return None
+        return None, await send_batch(conn, fence, row["id"], batch)
+    batch = batch.copy()
     end: dict[str, Any] = {"status": str(status)}
     if error is not None:
         end["error"] = error
     if note is not None:
         end["note"] = note
-    await append(conn, fence, row["id"], SessionEventType.SESSION_END, end)
-    await set_status(
-        conn,
-        row,
-        status,
-        error=error,
-        extra_sets=", lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
-        ", active_stage = NULL",
-    )
+    batch.add(SessionEventType.SESSION_END, end)
+    announced: dict[str, Any] = {"status": str(status), "attempt": fence.attempt}
+    if error is not None:
+        announced["error"] = error
+    batch.announce(OwnerEventType.SESSION_STATUS, announced)
+    settled = status
     if pending and status == Status.FAILED:
-        await set_status(conn, row, Status.QUEUED)
+        settled, error = Status.QUEUED, None
+        requeued = {"status": str(settled), "attempt": fence.attempt}
+        batch.announce(OwnerEventType.SESSION_STATUS, requeued)
         await notify(conn, WORK_KEY)
-        return Status.QUEUED
-    return status
-
-
-async def release(conn: Connection, fence: Fence, row: dict[str, Any], reason: str) -> None:
-    """Give the session up mid-run (shutdown): `session_interrupted`, lease cleared, status
-    left `running` so the next claim takes it over at once."""
-    await append(conn, fence, row["id"], SessionEventType.SESSION_INTERRUPTED, {"reason": reason})
-    await conn.execute(
-        "UPDATE sessions SET lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
-        " WHERE id = %s AND attempt = %s",
-        (row["id"], fence.attempt),
+    batch.params.update(status=str(settled), error=Jsonb(error) if error is not None else None)
+    batch.assignments.update(
+        status="%(status)s",
+        error="%(error)s",
+        lease_worker_id="NULL",
+        lease_pid="NULL",
+        lease_expires_at="NULL",
+        active_stage="NULL",
     )
+    return settled, await send_batch(conn, fence, row["id"], batch)
+
+
+async def release(
+    conn: Connection, fence: Fence, row: dict[str, Any], reason: str, batch: Batch
+) -> Cursor:
+    """Give the session up mid-run (shutdown) with what `batch` holds: `session_interrupted`,
+    lease cleared, status left `running` so the next claim takes it over at once. Returns
+    `send_batch`'s cursor."""
+    batch = batch.copy()
+    batch.add(SessionEventType.SESSION_INTERRUPTED, {"reason": reason})
+    batch.assignments.update(lease_worker_id="NULL", lease_pid="NULL", lease_expires_at="NULL")
+    sent = await send_batch(conn, fence, row["id"], batch)
     await notify(conn, WORK_KEY)
+    return sent
 
 
 async def cancel_requested(conn: Connection, session_id: UUID) -> bool:
@@ -392,7 +451,7 @@ async def put_note(conn: Connection, fence: Fence, session_id: UUID, key: str, t
         f"""
         INSERT INTO notes (session_id, key, text, attempt)
         SELECT id, %(key)s, %(text)s, attempt FROM sessions
-        WHERE id = %(id)s AND {FENCE}
+        WHERE id = %(id)s AND {FENCED}
         FOR SHARE
         ON CONFLICT (session_id, key) DO UPDATE
             SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()

@@ -29,7 +29,7 @@ from app.errors import (
     SessionAlreadyTerminal,
     SessionNotFound,
 )
-from app.store.events import append_owner_event, append_session_event
+from app.store.events import append_owner_event, append_session_event, owner_event_ctes
 from app.store.notify import WORK_KEY, cancel_key, inbox_key, notify, session_key
 
 SESSION_COLUMNS = """
@@ -237,22 +237,24 @@ async def set_status(
     error: dict[str, Any] | None = None,
     extra_sets: str = "",
 ) -> dict[str, Any]:
-    """Change a locked session's status and announce it on the owner feed."""
+    """Change a locked session's status and announce it on the owner feed, in one statement."""
+    data = (
+        "jsonb_build_object('status', s.status, 'attempt', s.attempt)"
+        " || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END"
+    )
     cur = await conn.execute(
         f"""
-        UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp() {extra_sets}
-        WHERE id = %s RETURNING {SESSION_COLUMNS}
+        WITH updated AS (
+            UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp()
+                {extra_sets}
+            WHERE id = %s RETURNING {SESSION_COLUMNS}
+        ), {owner_event_ctes("updated", f"'{OwnerEventType.SESSION_STATUS}'", data)}
+        SELECT * FROM updated
         """,
         (status, Jsonb(error) if error is not None else None, row["id"]),
     )
     updated = await cur.fetchone()
     assert updated is not None
-    data: dict[str, Any] = {"status": str(status), "attempt": updated["attempt"]}
-    if error is not None:
-        data["error"] = error
-    await append_owner_event(
-        conn, updated["owner_id"], updated["id"], OwnerEventType.SESSION_STATUS, data
-    )
     return updated
 
 

@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from uuid import UUID
@@ -221,26 +221,15 @@ class Run:
         messages: list[Message] = []
         started: set[str] = set()
         last_run_event: dict[str, Any] | None = None  # tells whether and how a run ended
-        # The log up to the claim's `last_seq`, read outside any transaction (the lease fences
-        # every run write, so nothing a run wrote can change under the read; messages logged
-        # since come through the inbox). A cancel requested in the instant between the claim
-        # and the worker's listening for it is seen by the next heartbeat.
-        async with self.ctx.db.connection() as conn:
-            async for rows in event_store.session_event_pages(
-                conn,
-                self.session_id,
-                int(self.row["last_seq"]),
-                limit=1000,
-                max_bytes=self.ctx.read_page_bytes,
-            ):
-                messages.extend(conversation_from_events(rows))
-                for row in rows:
-                    record_approval_event(self.approvals, row["type"], row["data"])
-                    if row["type"] == "tool_call_start":
-                        started.add(str(row["data"]["toolCallId"]))
-                    if row["type"] in _RUN_EVENTS:
-                        last_run_event = row
-                self.read_seq = int(rows[-1]["seq"])
+        async for rows in self.read_log():
+            messages.extend(conversation_from_events(rows))
+            for row in rows:
+                record_approval_event(self.approvals, row["type"], row["data"])
+                if row["type"] == "tool_call_start":
+                    started.add(str(row["data"]["toolCallId"]))
+                if row["type"] in _RUN_EVENTS:
+                    last_run_event = row
+            self.read_seq = int(rows[-1]["seq"])
         history = undelivered_last(messages, self.row["delivered_seq"])
         plan = plan_resume(
             history,
@@ -285,6 +274,23 @@ class Run:
                 },
             )
         return plan
+
+    async def read_log(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The log up to the claim's `last_seq`, page by page: the head the claim brought when
+        it reaches that far (a new session's whole log), else read outside any transaction
+        (the lease fences every run write, so nothing a run wrote can change under the read;
+        messages logged since come through the inbox). A cancel requested in the instant
+        between the claim and the worker's listening for it is seen by the next heartbeat."""
+        last_seq = int(self.row["last_seq"])
+        head = self.row.get("head") or []
+        if head and int(head[-1]["seq"]) == last_seq:
+            yield head
+            return
+        async with self.ctx.db.connection() as conn:
+            async for rows in event_store.session_event_pages(
+                conn, self.session_id, last_seq, limit=1000, max_bytes=self.ctx.read_page_bytes
+            ):
+                yield rows
 
     async def loop(self, model: Model) -> None:
         specs = tuple(tool.spec() for tool in self.tools.values())

@@ -195,9 +195,18 @@ CLAIM_SQL = f"""
     SELECT s.*, s.attempt - coalesce((
         SELECT e.attempt FROM session_events e
         WHERE e.session_id = s.id AND e.type = '{SessionEventType.SESSION_END}'
-        ORDER BY e.seq DESC LIMIT 1), 0) AS claims
+        ORDER BY e.seq DESC LIMIT 1), 0) AS claims,
+      (SELECT jsonb_agg(jsonb_build_object('seq', e.seq, 'type', e.type, 'data', e.data)
+                        ORDER BY e.seq)
+       FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
+             FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
+       WHERE e.upto <= %(head_bytes)s) AS head
     FROM claimed s ORDER BY s.created_at
 """
+# The start of each claimed session's log the claim brings along (`head`), at most this many
+# events and bytes of data: a new session's whole log, so its run need not read it again.
+CLAIM_HEAD_EVENTS = 50
+CLAIM_HEAD_BYTES = 64 * 1024
 
 
 async def claim(
@@ -211,7 +220,9 @@ async def claim(
     """Claim up to `limit` sessions: queued ones, or running ones whose lease expired, was
     released, or whose worker is dead. Adds 1 to each `attempt`; times come from the database
     clock. Each row carries `claims`, the claims since a run last closed with `session_end`
-    (counting this one).
+    (counting this one), and `head`, the start of its log as a list of `{seq, type, data}`
+    (CLAIM_HEAD_EVENTS, CLAIM_HEAD_BYTES; it may stop short of `last_seq`: the claim's snapshot
+    may predate an event written just before it took the lock).
 
     `busy`: the sessions this worker still has a run of (one that lost its lease and has not
     noticed yet): it must not take them back before that run is gone, or the two would share
@@ -226,6 +237,8 @@ async def claim(
         "ttl": ttl,
         "busy": list(busy),
         "limit": limit,
+        "head_events": CLAIM_HEAD_EVENTS,
+        "head_bytes": CLAIM_HEAD_BYTES,
     }
     cur = await conn.execute(CLAIM_SQL, params)
     return await cur.fetchall()

@@ -17,12 +17,12 @@ from fastapi_offline import FastAPIOffline
 
 from app import __version__, web
 from app.api import openapi, ops, problems, sessions, streams, tools
-from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics
+from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.runtime.worker import Worker
-from app.services import Services
+from app.services import Services, calm_garbage_collector
 from app.store import retention
 from app.store.notify import RUNS_CHANNEL, STREAMS_CHANNEL
 
@@ -100,6 +100,7 @@ def create_app(
     web.install(app)
 
     app.add_middleware(RequestMetrics)
+    app.add_middleware(ServerSend)  # outside every middleware that wraps `send`
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.auth_mode == "local":
         # Outermost: a request local mode refuses reaches nothing else.
@@ -128,6 +129,8 @@ class Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # exits the process if the app fails to start
+        # After start-up, so that what it built is frozen out of every collection.
+        calm_garbage_collector()
         self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

@@ -153,6 +153,29 @@ async def _no_read(after: int, max_bytes: int) -> Page:
     raise AssertionError("not read")
 
 
+async def test_feed_wait_wakes_every_waiter_once_and_skips_a_cancelled_one() -> None:
+    feed = Feed(FeedSource("test", _no_head, _no_read), buffer_bytes=65_536, write_bytes=1024)
+    seen = feed.generation
+    waiters = [asyncio.create_task(feed.wait(seen)) for _ in range(3)]
+    await asyncio.sleep(0)
+    waiters[0].cancel()  # a stream that left while waiting
+    await asyncio.sleep(0)
+    feed._announce()
+    await asyncio.wait_for(asyncio.gather(*waiters[1:]), 1)
+    assert waiters[0].cancelled() and not feed._waiters
+    # A change between the check and the wait is not missed: it returns at once.
+    await asyncio.wait_for(feed.wait(seen), 1)
+
+
+def test_tail_after_takes_the_newest_one_alone_or_the_run_from_older() -> None:
+    tail: Tail[str] = Tail(100)
+    for n, item in enumerate(["a", "b", "c"], start=1):
+        tail.append(n, item, 10)
+    assert tail.after(2, 5) == (["c"], 3)
+    assert tail.after(0, 25) == (["a", "b"], 2)
+    assert tail.after(3, 100) == ([], 3)
+
+
 async def test_feed_hands_out_a_write_at_a_time_and_evicts_by_bytes() -> None:
     source = FeedSource("test", _no_head, _no_read)
     feed = Feed(source, buffer_bytes=65_536, write_bytes=WRITE_BYTES)

@@ -1,5 +1,6 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it would buffer nothing but cost on every SSE
-chunk): the request body limit, request metrics, and local mode's guard."""
+chunk): the request body limit, request metrics, local mode's guard, and the SSE body's
+shortcut past the `send` wrappers."""
 
 from __future__ import annotations
 
@@ -76,6 +77,27 @@ class _TooLarge(HTTPException):
 
 def _too_large_detail(max_bytes: int) -> str:
     return f"the request body exceeds {max_bytes} bytes (FERRYMAN_MAX_BODY_BYTES)"
+
+
+# Scope key of `send` as ServerSend got it. An SSE response sends its start through the whole
+# chain (the metrics and error handlers see the status), then its body chunks to this `send`:
+# each wrapper in between (the metrics', Starlette's exception handlers') cost a coroutine per
+# chunk of every stream. So no middleware inside ServerSend may rewrite bodies (SSE must not
+# be compressed anyway).
+SERVER_SEND = "ferryman.server_send"
+
+
+class ServerSend:
+    """Puts its `send` in the scope under SERVER_SEND; add it outside every middleware that
+    wraps `send`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[SERVER_SEND] = send
+        await self.app(scope, receive, send)
 
 
 class RequestMetrics:

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamOwner
+from app.api.middleware import SERVER_SEND
 from app.api.openapi import problems
 from app.api.sessions import ANY_ERRORS, SessionId, parse_session_id
 from app.services import Services
@@ -52,8 +53,10 @@ class EventStreamResponse(StreamingResponse):
         self.stream = body
         self.release = release
         self.client_gone = False
+        self.body_send: Send | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.body_send = scope.get(SERVER_SEND)
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -68,6 +71,7 @@ class EventStreamResponse(StreamingResponse):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        send = self.body_send or send
         async for chunk in self.stream:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             # A cancelled response stays in a reference cycle (through its traceback) until

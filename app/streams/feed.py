@@ -109,6 +109,8 @@ class Tail(Generic[T]):
         (`number` when none)."""
         if not self.items or self.items[-1][0] <= number:
             return [], number
+        if self.items[-1][0] == number + 1:  # the common case: just the newest one
+            return [self.items[-1][1]], number + 1
         start = max(0, number + 1 - self.items[0][0])
         # Indexing from the start, not a slice: a deque indexes from its nearer end, and the
         # readers are nearly all at the tail.
@@ -134,9 +136,13 @@ class Feed:
         self.head = 0  # newest id this feed has read
         self.closed = False  # the feed's subject is gone (a deleted session)
         self.ready = asyncio.Event()
-        # One future per generation, shared by every stream of the feed: an announce completes
-        # it (waking them all with one callback each) and starts the next generation.
-        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Bumped at every change. A stream notes it before checking, then waits for the next
+        # one (`wait`). A waiter is one future per stream, woken straight from here: one
+        # callback (its task's wake-up) per stream and announce, and no per-wait closure or
+        # callback-list entry, which, living until the next event, the GC would promote.
+        self.generation = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.subscribers = 0
         # Ephemeral frames (token deltas): never logged, kept briefly for live subscribers. A
@@ -165,16 +171,21 @@ class Feed:
         the number of the last one given."""
         return self.ephemeral.after(seen, self.write_bytes)
 
-    @property
-    def changed(self) -> asyncio.Future[None]:
-        """A future completed at the next change; take it before checking, then wait on it
-        with `wait_changed` (never await it directly: cancelling the waiter would cancel it)."""
-        return self._changed
+    async def wait(self, generation: int) -> None:
+        """Wait for the first change after `generation` (read before checking for work); at
+        once if there was one since."""
+        if generation != self.generation:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(waiter)
+        await waiter  # cancelled: the next announce drops it
 
     def _announce(self) -> None:
-        changed, self._changed = self._changed, asyncio.get_running_loop().create_future()
-        if not changed.done():
-            changed.set_result(None)
+        self.generation += 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def tick_every(self, interval: float) -> None:
         """Wake the streams at least every `interval` s (the shortest any subscriber asked)."""
@@ -261,36 +272,6 @@ def _moved(feed: Feed, head: tuple[int, bool] | None) -> bool:
         return False
     last, gone = head
     return last > feed.head or (gone and feed.source.closable and not feed.closed)
-
-
-def _wake_waiter(waiter: asyncio.Future[bool], changed: bool) -> None:
-    if not waiter.done():
-        waiter.set_result(changed)
-
-
-async def wait_changed(changed: asyncio.Future[None], timeout: float | None = None) -> bool:
-    """Wait until `changed` (a feed's `changed`) completes: True, or `timeout` passes: False.
-
-    Costs one future and one callback on the shared future (and a timer with a timeout): no
-    task per wait, so waking hundreds of streams of one feed stays cheap.
-    """
-    if changed.done():
-        return True
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[bool] = loop.create_future()
-
-    def on_change(_: asyncio.Future[None]) -> None:
-        _wake_waiter(waiter, True)
-
-    changed.add_done_callback(on_change)
-    timer = None if timeout is None else loop.call_later(timeout, _wake_waiter, waiter, False)
-    try:
-        return await waiter
-    finally:
-        if timer is not None:
-            timer.cancel()
-        if not changed.done():
-            changed.remove_done_callback(on_change)
 
 
 # The heads of feeds, by key: (newest id, subject gone), for the fallback poll.

@@ -42,32 +42,37 @@ def _as_sent(raw: str) -> str:
 @dataclass(frozen=True)
 class Event:
     """One durable event of a feed, serialized once however many streams send it, in either
-    phase: `lead` is its whole frame up to the envelope's `phase` field (the envelope's last
-    field), so a frame is `lead` plus a constant tail. It keeps no parsed copy of its data: a
-    feed's memory is its frames."""
+    phase: `live` is its whole live frame, the same bytes for every stream of the feed (the
+    common case sends it as is; a backlog frame swaps the constant tail). It keeps no parsed
+    copy of its data: a feed's memory is its frames."""
 
     id: int
     type: str
-    lead: bytes = field(repr=False)
+    live: bytes = field(repr=False)
 
     @classmethod
     def of(cls, id_: int, type_: str, envelope: dict[str, Any]) -> Event:
         body = _json(envelope)
-        return cls(id_, type_, _frame_head(type_, str(id_)) + _utf8(body[:-1]))
+        lead = _frame_head(type_, str(id_)) + _utf8(body[:-1])
+        return cls(id_, type_, lead + _PHASE_TAILS["live"])
 
     def frame(self, phase: Phase) -> bytes:
-        return self.lead + _PHASE_TAILS[phase]
+        if phase == "live":
+            return self.live
+        return self.live[:_LIVE_CUT] + _PHASE_TAILS[phase]
 
     @property
     def size(self) -> int:
         """Bytes of its frame, what a feed's buffer and a write count."""
-        return len(self.lead) + _PHASE_TAIL_BYTES
+        return len(self.live) + _TAIL_EXTRA
 
 
 _PHASE_TAILS: dict[Phase, bytes] = {
     phase: f',"phase":"{phase}"}}\n\n'.encode() for phase in ("backlog", "live")
 }
-_PHASE_TAIL_BYTES = max(len(tail) for tail in _PHASE_TAILS.values())
+_LIVE_CUT = -len(_PHASE_TAILS["live"])
+# The longest frame of an event (its backlog one) is this much longer than its live one.
+_TAIL_EXTRA = max(len(tail) for tail in _PHASE_TAILS.values()) - len(_PHASE_TAILS["live"])
 
 
 def _json(value: dict[str, Any]) -> str:
@@ -187,7 +192,7 @@ def in_order(
             frames.append(deltas[d].frame)
             d += 1
         elif e < len(events):
-            frames.append(events[e].frame("live"))
+            frames.append(events[e].live)
             cursor = events[e].id
             e += 1
         else:

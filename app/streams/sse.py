@@ -14,7 +14,7 @@ from prometheus_client import Gauge
 from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import TooManyStreams
-from app.streams.feed import FeedHub, FeedSource, wait_changed
+from app.streams.feed import FeedHub, FeedSource
 from app.streams.frames import (
     PING,
     Ephemeral,
@@ -130,7 +130,7 @@ async def event_stream(
             held: list[Ephemeral] = []  # deltas taken, waiting for the event they follow
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
-                changed = feed.changed
+                generation = feed.generation
                 # Each turn takes a write's worth of deltas and of events (or one event bigger
                 # than that) from the feed, and only once the last went: a stream that cannot
                 # send holds no more.
@@ -148,14 +148,37 @@ async def event_stream(
                 if events and events[0].id != cursor + 1:
                     yield _expired(cursor, feed.head)
                     return
-                # A delta's notification may overtake the event it follows (that one is read
-                # from the log): each goes out right after its event.
-                frames, taken, _, cursor = in_order(held, events, cursor)
-                held = held[taken:]
+                if held:
+                    # A delta's notification may overtake the event it follows (that one is
+                    # read from the log): each goes out right after its event.
+                    frames, taken, _, cursor = in_order(held, events, cursor)
+                    held = held[taken:]
+                elif len(events) == 1:
+                    frames, cursor = [events[0].live], events[0].id
+                elif events:
+                    frames, cursor = [event.live for event in events], events[-1].id
+                else:
+                    frames = []
                 if frames:
-                    for chunk in writes(frames, feed.write_bytes):
-                        yield chunk
-                    sent = True
+                    if len(frames) == 1:
+                        yield frames[0]  # the common case: one event, shared bytes, one write
+                    else:
+                        for chunk in writes(frames, feed.write_bytes):
+                            yield chunk
+                    if (
+                        generation == feed.generation
+                        and cursor == feed.head
+                        and not feed.closed
+                        and not held
+                        and ephemeral_seen == feed.ephemeral_count
+                    ):
+                        # Sent all there was, and nothing changed meanwhile: wait now rather
+                        # than look again (a turn less per delivery); a wake-up with nothing
+                        # to send will ping, as after any turn that sent.
+                        sent = False
+                        await feed.wait(generation)
+                    else:
+                        sent = True
                     continue
                 if feed.closed or shutdown.is_set():
                     return
@@ -165,6 +188,6 @@ async def event_stream(
                     yield PING
                 sent = False
                 # Woken by a change, the feed's tick, or shutdown (watch_shutdown above).
-                await wait_changed(changed)
+                await feed.wait(generation)
     finally:
         OPEN_STREAMS.labels(kind).dec()

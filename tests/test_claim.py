@@ -11,11 +11,11 @@ import psycopg
 import pytest
 
 from app.store.notify import STREAMS_CHANNEL
-from app.store.runs import CLAIM_SQL
+from app.store.runs import CLAIM_SQL, claim_params
 from tests.support import fresh_database
 
 FINISHED = 200_000
-CLAIM_PARAMS = {"worker": "w:1", "pid": 1, "ttl": 10, "busy": [], "limit": 1, "owner_prefix": "o:"}
+CLAIM_PARAMS = claim_params("w:1", 1, 10, [], 1)
 
 
 @pytest.fixture(scope="module")

@@ -209,6 +209,21 @@ CLAIM_HEAD_EVENTS = 50
 CLAIM_HEAD_BYTES = 64 * 1024
 
 
+def claim_params(
+    worker_id: str, pid: int, ttl: float, busy: Collection[UUID], limit: int
+) -> dict[str, Any]:
+    """The parameters of CLAIM_SQL."""
+    return {
+        "worker": worker_id,
+        "pid": pid,
+        "ttl": ttl,
+        "busy": list(busy),
+        "limit": limit,
+        "head_events": CLAIM_HEAD_EVENTS,
+        "head_bytes": CLAIM_HEAD_BYTES,
+    }
+
+
 async def claim(
     conn: Connection,
     worker_id: str,
@@ -231,15 +246,7 @@ async def claim(
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
     it would take back its own sessions claim after claim, each spending an attempt."""
-    params = {
-        "worker": worker_id,
-        "pid": pid,
-        "ttl": ttl,
-        "busy": list(busy),
-        "limit": limit,
-        "head_events": CLAIM_HEAD_EVENTS,
-        "head_bytes": CLAIM_HEAD_BYTES,
-    }
+    params = claim_params(worker_id, pid, ttl, busy, limit)
     cur = await conn.execute(CLAIM_SQL, params)
     return await cur.fetchall()
 

@@ -154,3 +154,27 @@ async def test_behind_a_pooler_the_pool_keeps_no_session_state() -> None:
         "BEGIN; SET LOCAL statement_timeout = 10000; SET LOCAL lock_timeout = 3000;"
         " SET LOCAL idle_in_transaction_session_timeout = 30000"
     )
+
+
+async def test_a_pipelined_transaction_behind_a_pooler_has_the_limits(isolated_db: str) -> None:
+    """`Database.pipeline` sets the limits for its transaction alone, as `transaction` does
+    behind a pooler (here a second URL of the same database stands for the pooler's)."""
+    from app.db.pool import Database, SessionLimits
+
+    pooler = psycopg.conninfo.make_conninfo(isolated_db, application_name="pooled")
+    db = Database(
+        pooler, direct_url=isolated_db, min_size=1, max_size=1, limits=SessionLimits(7, 2, 9)
+    )
+    await db.pool.open(wait=True)
+    try:
+        async with db.pipeline() as conn:
+            inside = await conn.execute(
+                "SELECT current_setting('statement_timeout') AS s,"
+                " current_setting('lock_timeout') AS l"
+            )
+        assert await inside.fetchone() == {"s": "7s", "l": "2s"}
+        async with db.connection() as conn:  # the same server connection, outside it
+            cur = await conn.execute("SELECT current_setting('statement_timeout') AS s")
+            assert await cur.fetchone() == {"s": "0"}
+    finally:
+        await db.close()

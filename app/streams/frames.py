@@ -179,25 +179,42 @@ def ephemeral_frame(body: str) -> Ephemeral:
     return Ephemeral(after, sse_frame(event, _json({**envelope, "phase": "live"})))
 
 
+# Events that settle a turn's streamed text: its message, or a retry that drops it. A delta that
+# follows an event before the last of them sent arrived late (its notification overtaken by a
+# read of the log that already found the message) and would show the text twice.
+TURN_ENDS = frozenset({"assistant_message", "model_retry"})
+
+
+def settled_by(events: list[Event], settled: int) -> int:
+    """The id of the last turn end among `events`, or `settled` if none."""
+    return max((event.id for event in events if event.type in TURN_ENDS), default=settled)
+
+
 def in_order(
-    deltas: list[Ephemeral], events: list[Event], cursor: int
-) -> tuple[list[bytes], int, int, int]:
+    deltas: list[Ephemeral], events: list[Event], cursor: int, settled: int
+) -> tuple[list[bytes], int, int, int, int]:
     """Frames of `deltas` and `events` (both in their order; events follow `cursor`) in one
-    order: each delta right after the event it follows. Stops at a delta whose event is not
-    among `events` yet. Returns (frames, deltas sent, events sent, the new cursor)."""
+    order: each delta right after the event it follows; a delta of a turn whose end was sent
+    (`settled`, the id of the last turn end sent) is dropped. Stops at a delta whose event is
+    not among `events` yet. Returns (frames, deltas taken, events sent, the new cursor, the
+    new `settled`)."""
     frames: list[bytes] = []
     d = e = 0
     while d < len(deltas) or e < len(events):
-        if d < len(deltas) and deltas[d].after <= cursor:
+        if d < len(deltas) and deltas[d].after < settled:
+            d += 1
+        elif d < len(deltas) and deltas[d].after <= cursor:
             frames.append(deltas[d].frame)
             d += 1
         elif e < len(events):
             frames.append(events[e].live)
             cursor = events[e].id
+            if events[e].type in TURN_ENDS:
+                settled = cursor
             e += 1
         else:
             break  # the next delta follows an event this stream has not read yet
-    return frames, d, e, cursor
+    return frames, d, e, cursor, settled
 
 
 def control(event: str, data: dict[str, Any]) -> bytes:

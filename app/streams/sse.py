@@ -23,6 +23,7 @@ from app.streams.frames import (
     event_writes,
     in_order,
     retry,
+    settled_by,
     writes,
 )
 
@@ -104,6 +105,7 @@ async def event_stream(
                 yield PING
                 await wait_any(feed.ready, shutdown, timeout=3600)
             start, replayed, backoff = cursor, 0, Backoff()
+            settled = 0  # the last turn end sent (`in_order`)
             while not shutdown.is_set():
                 try:
                     events = await feed.read(cursor)
@@ -120,6 +122,7 @@ async def event_stream(
                     yield chunk
                 replayed += len(events)
                 cursor = events[-1].id
+                settled = settled_by(events, settled)
             yield control(
                 "caught_up",
                 {"replayed": replayed, "fromEventId": str(start), "cursor": str(cursor)},
@@ -151,12 +154,11 @@ async def event_stream(
                 if held:
                     # A delta's notification may overtake the event it follows (that one is
                     # read from the log): each goes out right after its event.
-                    frames, taken, _, cursor = in_order(held, events, cursor)
+                    frames, taken, _, cursor, settled = in_order(held, events, cursor, settled)
                     held = held[taken:]
-                elif len(events) == 1:
-                    frames, cursor = [events[0].live], events[0].id
                 elif events:
                     frames, cursor = [event.live for event in events], events[-1].id
+                    settled = settled_by(events, settled)
                 else:
                     frames = []
                 if frames:

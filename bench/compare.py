@@ -719,7 +719,9 @@ def report(ceiling: Result, rounds: list[dict[str, Result]], order: list[str], t
         for result in [*rounds[-1].values(), ceiling]:
             lines.append(f"\n{result.label}:")
             for calls, ms, query in result.top:
-                lines.append(f"  {calls / result.units:7.2f} {ms / result.units:7.3f}  {query[:140]}")
+                lines.append(
+                    f"  {calls / result.units:7.2f} {ms / result.units:7.3f}  {query[:140]}"
+                )
         out.append("\n".join(lines))
     return "\n\n".join(out)
 

@@ -36,6 +36,24 @@ def calm_garbage_collector() -> None:
     gc.freeze()
 
 
+def database(
+    settings: Settings, url: str, *, min_size: int, max_size: int, timeout: float
+) -> Database:
+    """A pool on `url` with the settings' direct URL and per-connection limits."""
+    return Database(
+        url,
+        direct_url=settings.direct_database_url,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=timeout,
+        limits=SessionLimits(
+            statement_timeout=settings.db_statement_timeout,
+            lock_timeout=settings.db_lock_timeout,
+            idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
+        ),
+    )
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -60,17 +78,12 @@ class Services:
         on the direct URL (FERRYMAN_DIRECT_DATABASE_URL, else the same). `channels`: what the
         bus listens on (STREAMS_CHANNEL to serve streams, RUNS_CHANNEL to run a worker);
         `pool_timeout`: the pool's wait for a connection, if not `FERRYMAN_POOL_TIMEOUT`."""
-        db = Database(
+        db = database(
+            settings,
             database_url,
-            direct_url=settings.direct_database_url,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
             timeout=pool_timeout or settings.pool_timeout,
-            limits=SessionLimits(
-                statement_timeout=settings.db_statement_timeout,
-                lock_timeout=settings.db_lock_timeout,
-                idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
-            ),
         )
         bus = Bus(db.direct_url, channels)
 

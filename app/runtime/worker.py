@@ -24,6 +24,7 @@ from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
+from app.services import database
 from app.store import runs
 from app.store import tools as tool_store
 from app.store.events import Fence, fence_errors
@@ -68,6 +69,12 @@ class Worker:
         self.bus = bus
         self.id = new_worker_id()
         self.concurrency = concurrency or settings.worker_concurrency
+        # Token deltas go on a connection of their own: in the shared pool each flush queued
+        # behind hundreds of runs starting or finishing at once, and held up every streaming
+        # session's text for seconds. One flush at a time, so one connection.
+        self.delta_db = database(
+            settings, db.url, min_size=1, max_size=1, timeout=settings.pool_timeout
+        )
         self.context = RunContext(
             db=db,
             registry=registry or default_registry(settings.tool_module_specs()),
@@ -82,7 +89,7 @@ class Worker:
             ),
             max_event_bytes=settings.max_event_bytes,
             read_page_bytes=settings.transcript_page_bytes,
-            deltas=DeltaHub(db),
+            deltas=DeltaHub(self.delta_db),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.
@@ -153,6 +160,7 @@ class Worker:
         await self._connect_mcp_servers()
         await self._publish_tools()
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
+        await self.delta_db.open()
         membership = asyncio.Event()
         watcher = asyncio.create_task(
             watch_peers(self.db.direct_url, self.id, membership), name="death watch"
@@ -187,6 +195,8 @@ class Worker:
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)
             await self.context.providers.aclose()
+            await self.context.deltas.close()
+            await self.delta_db.close()
             log.info("worker %s stopped", self.id)
 
     async def _connect_mcp_servers(self) -> None:

@@ -88,8 +88,10 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
     lost if no one listens."""
     payloads = ephemeral_payloads(frames)
     if payloads:
+        # The array goes in binary (%b): psycopg's text format escapes every quote of the
+        # JSON bodies with a regex, ~15 ms of a worker's loop for 500 sessions' deltas.
         await conn.execute(
-            "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+            "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
             (STREAMS_CHANNEL, payloads),
         )
 

@@ -304,10 +304,11 @@ class Batch:
 
 # The ephemeral frames are notified in the UPDATE's condition, so before the events' own
 # notifications (in the final SELECT): a stream gets a turn's last deltas before its message.
+# JSON arrays go in binary (`%b`): in text, psycopg escapes every quote in them with a regex.
 _BATCH_SQL = """
     WITH ephemeral AS MATERIALIZED (
         SELECT count(pg_notify('{channel}', payload)) AS n
-        FROM unnest(%(payloads)s::text[]) AS payload
+        FROM unnest(%(payloads)b::text[]) AS payload
     ), bumped AS (
         UPDATE sessions SET last_seq = last_seq + %(n)s, updated_at = clock_timestamp(){sets}
         WHERE id = %(session_id)s AND {fenced} AND (SELECT n FROM ephemeral) >= 0
@@ -316,12 +317,12 @@ _BATCH_SQL = """
         INSERT INTO session_events (session_id, seq, attempt, type, data)
         SELECT b.id, b.last_seq - %(n)s + e.ord, b.attempt, e.type, e.data
         FROM bumped b,
-             unnest(%(types)s::text[], %(datas)s::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
+             unnest(%(types)s::text[], %(datas)b::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
         RETURNING seq
     ), owner_rows AS (
         SELECT b.owner_id, b.id, o.ord, o.type, o.data
         FROM bumped b,
-             unnest(%(owner_types)s::text[], %(owner_datas)s::jsonb[])
+             unnest(%(owner_types)s::text[], %(owner_datas)b::jsonb[])
                  WITH ORDINALITY AS o(type, data, ord)
     ), {owner_events}
     SELECT max(seq) AS seq FROM appended WHERE {notifying}

@@ -1,0 +1,119 @@
+"""How a run ends (`runs.finish`), store-level and deterministic: what it writes with the run's
+pending batch when the run ends plainly, when a follow-up came in that the model has not seen,
+and when a cancel was requested (SPEC sections 2 and 5)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from app.db.pool import Database
+from app.domain import Status
+from app.store import runs
+from app.store import sessions as session_store
+from app.store.events import Fence, fence_errors
+from tests.support import fresh_database
+
+WORKER = "finisher:1"
+
+
+@pytest.fixture  # one per test: a session one re-queues must not be the next one's claim
+async def database() -> AsyncIterator[Database]:
+    with fresh_database("ferryman_finish") as url:
+        db = Database(url, min_size=1, max_size=2)
+        await db.pool.open(wait=True)
+        async with db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO workers (id, pid, hostname) VALUES (%s, 1, 'test')", (WORKER,)
+            )
+        yield db
+        await db.close()
+
+
+async def claimed(db: Database) -> dict[str, Any]:
+    new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
+    async with db.transaction() as conn:
+        await session_store.create_session(conn, f"owner-{uuid.uuid4().hex[:8]}", new, None)
+        [row] = await runs.claim(conn, WORKER, 1, 30)
+    return row
+
+
+def reply(delivered: int) -> runs.Batch:
+    batch = runs.Batch()
+    batch.add("assistant_message", {"text": "done", "toolCalls": [], "stopReason": "stop"})
+    batch.deliver(delivered)
+    return batch
+
+
+async def finish(db: Database, row: dict[str, Any], status: Status, **details: Any) -> Any:
+    with fence_errors():
+        async with db.pipeline() as conn:
+            settled, sent = await runs.finish(
+                conn, Fence(WORKER, row["attempt"]), row, status, reply(row["last_seq"]), **details
+            )
+    return settled, await sent.fetchone()
+
+
+async def log_of(db: Database, row: dict[str, Any]) -> list[str]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT type FROM session_events WHERE session_id = %s ORDER BY seq", (row["id"],)
+        )
+        return [r["type"] for r in await cur.fetchall()]
+
+
+async def statuses(db: Database, row: dict[str, Any]) -> tuple[str, list[str]]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT status FROM sessions WHERE id = %s", (row["id"],))
+        status = await cur.fetchone()
+        cur = await conn.execute(
+            "SELECT data->>'status' AS s FROM owner_events"
+            " WHERE session_id = %s AND type = 'session_status' ORDER BY id",
+            (row["id"],),
+        )
+        announced = [r["s"] for r in await cur.fetchall()]
+    assert status is not None
+    return status["status"], announced
+
+
+async def test_a_plain_end_writes_the_batch_then_session_end(database: Database) -> None:
+    row = await claimed(database)
+    settled, sent = await finish(database, row, Status.SUCCEEDED)
+    assert settled == Status.SUCCEEDED
+    assert await log_of(database, row) == ["user_message", "assistant_message", "session_end"]
+    assert sent["seq"] == 3  # the last event the statement wrote
+    assert await statuses(database, row) == ("succeeded", ["running", "succeeded"])
+
+
+async def test_an_unseen_follow_up_keeps_the_run_going(database: Database) -> None:
+    row = await claimed(database)
+    async with database.transaction() as conn:
+        await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
+    settled, _ = await finish(database, row, Status.SUCCEEDED)
+    assert settled is None  # the run goes on to answer it: only the batch was written
+    assert await log_of(database, row) == ["user_message", "user_message", "assistant_message"]
+    assert await statuses(database, row) == ("running", ["running"])
+
+
+async def test_a_failure_with_an_unseen_follow_up_re_queues(database: Database) -> None:
+    row = await claimed(database)
+    async with database.transaction() as conn:
+        await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
+    error = {"code": "MODEL_UNAVAILABLE", "message": "down"}
+    settled, _ = await finish(database, row, Status.FAILED, error=error)
+    assert settled == Status.QUEUED
+    assert (await log_of(database, row))[-1] == "session_end"
+    # The failure is announced, then the re-queue, in that order, with one statement.
+    assert await statuses(database, row) == ("queued", ["running", "failed", "queued"])
+
+
+async def test_a_requested_cancel_wins(database: Database) -> None:
+    row = await claimed(database)
+    async with database.transaction() as conn:
+        await session_store.request_cancel(conn, row["owner_id"], row["id"])
+    settled, _ = await finish(database, row, Status.SUCCEEDED)
+    assert settled == Status.CANCELLED
+    assert await statuses(database, row) == ("cancelled", ["running", "cancelled"])

@@ -117,3 +117,63 @@ async def test_a_requested_cancel_wins(database: Database) -> None:
     settled, _ = await finish(database, row, Status.SUCCEEDED)
     assert settled == Status.CANCELLED
     assert await statuses(database, row) == ("cancelled", ["running", "cancelled"])
+
+
+async def at_once(db: Database, row: dict[str, Any], status: Status) -> dict[str, Any]:
+    async with db.connection() as conn:
+        sent = await runs.finish_at_once(
+            conn,
+            Fence(WORKER, row["attempt"]),
+            row,
+            status,
+            reply(row["last_seq"]),
+            row["last_seq"],
+        )
+        written = await sent.fetchone()
+    assert written is not None
+    return written
+
+
+async def test_at_once_a_plain_end_is_one_statement(database: Database) -> None:
+    row = await claimed(database)
+    written = await at_once(database, row, Status.SUCCEEDED)
+    assert (written["written"], written["seq"]) == (1, 3)
+    assert await log_of(database, row) == ["user_message", "assistant_message", "session_end"]
+    assert await statuses(database, row) == ("succeeded", ["running", "succeeded"])
+
+
+@pytest.mark.parametrize("meanwhile", ["follow_up", "cancel"])
+async def test_at_once_writes_nothing_when_something_came_in(
+    database: Database, meanwhile: str
+) -> None:
+    """A follow-up moves the log past what the run knows, a cancel marks the row: either way
+    the one statement writes nothing (not even the batch) and `finish` takes over."""
+    row = await claimed(database)
+    async with database.transaction() as conn:
+        if meanwhile == "follow_up":
+            await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
+        else:
+            await session_store.request_cancel(conn, row["owner_id"], row["id"])
+    before = await log_of(database, row)
+    assert (await at_once(database, row, Status.SUCCEEDED))["written"] == 0
+    assert await log_of(database, row) == before
+    assert await statuses(database, row) == ("running", ["running"])
+
+
+async def test_at_once_sees_a_message_the_model_never_got(database: Database) -> None:
+    """A message logged before the run's last read but after what the model was told (its
+    delivered mark) keeps the session from ending at once, though the log did not move."""
+    row = await claimed(database)
+    async with database.transaction() as conn:
+        await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
+    async with database.connection() as conn:
+        sent = await runs.finish_at_once(
+            conn,
+            Fence(WORKER, row["attempt"]),
+            row,
+            Status.SUCCEEDED,
+            reply(row["last_seq"]),
+            row["last_seq"] + 1,
+        )
+        written = await sent.fetchone()
+    assert written is not None and written["written"] == 0

@@ -44,7 +44,7 @@ from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
 from app.store import events as event_store
 from app.store import runs
-from app.store.events import Cursor, Fence, fence_errors
+from app.store.events import Fence, fence_errors
 from app.store.notify import session_key
 
 log = logging.getLogger(__name__)
@@ -157,14 +157,17 @@ class Run:
         with fence_errors():
             async with self.ctx.db.connection() as conn:
                 sent = await runs.send_batch(conn, self.fence, self.session_id, self.pending)
-        await self.written(sent)
+        self.written(await sent.fetchone())  # received already: no round trip
 
-    async def written(self, sent: Cursor) -> None:
-        """The pending writes are committed (`sent` is their statement's cursor)."""
+    def written(self, row: dict[str, Any] | None) -> None:
+        """The pending writes are committed (`row`: their statement's, from `send_batch`)."""
         self.pending = runs.Batch()
-        row = await sent.fetchone()  # already received: no round trip
         if row is not None and row["seq"] is not None:
             self.written_seq = max(self.written_seq, int(row["seq"]))
+
+    def log_end(self) -> int:
+        """The last seq of the log this run knows of: the claim's, or what it wrote or read."""
+        return max(int(self.row["last_seq"]), self.written_seq, self.read_seq)
 
     def defer(self, type_: str, data: dict[str, Any]) -> None:
         """Log an event with the run's next write."""
@@ -178,11 +181,20 @@ class Run:
         """End the run with the pending writes; False when a follow-up arrived that the model
         has not seen yet: the run goes on to answer it instead (the pending writes made)."""
         with fence_errors():
+            if status != Status.CANCELLED:  # else a cancel was requested: `runs.finish`
+                async with self.ctx.db.connection() as conn:  # one statement
+                    sent = await runs.finish_at_once(
+                        conn, self.fence, self.row, status, self.pending, self.log_end(), **details
+                    )
+                row = await sent.fetchone()
+                if row is not None and row["written"]:
+                    self.written(row)
+                    return self.ended(status)
             async with self.ctx.db.pipeline() as conn:
                 settled, sent = await runs.finish(
                     conn, self.fence, self.row, status, self.pending, **details
                 )
-        await self.written(sent)
+        self.written(await sent.fetchone())  # received already: no round trip
         return self.ended(settled)
 
     def ended(self, settled: Status | None) -> bool:
@@ -577,7 +589,7 @@ class Run:
                         sent = await runs.release(
                             conn, self.fence, self.row, "shutdown", self.pending
                         )
-                await self.written(sent)
+                self.written(await sent.fetchone())  # received already: no round trip
             elif reason == "lease_lost":
                 self.log_lease_lost()
         except FenceRefused:

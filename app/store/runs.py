@@ -23,7 +23,6 @@ from app.store.notify import (
     WORKERS_KEY,
     ephemeral_payloads,
     notify,
-    notifying,
     session_key,
 )
 from app.store.sessions import SESSION_COLUMNS
@@ -302,16 +301,14 @@ class Batch:
         )
 
 
-# The ephemeral frames are notified in the UPDATE's condition, so before the events' own
-# notifications (in the final SELECT): a stream gets a turn's last deltas before its message.
-# JSON arrays go in binary (`%b`): in text, psycopg escapes every quote in them with a regex.
+# The notifications go together, in order: the turn's last token deltas, then the stream's key
+# (a stream gets a turn's last deltas before the message, which it reads from the log), and only
+# if the session row was written. JSON arrays go in binary (`%b`): in text, psycopg escapes every
+# quote in them with a regex.
 _BATCH_SQL = """
-    WITH ephemeral AS MATERIALIZED (
-        SELECT count(pg_notify('{channel}', payload)) AS n
-        FROM unnest(%(payloads)b::text[]) AS payload
-    ), bumped AS (
+    WITH bumped AS (
         UPDATE sessions SET last_seq = last_seq + %(n)s, updated_at = clock_timestamp(){sets}
-        WHERE id = %(session_id)s AND {fenced} AND (SELECT n FROM ephemeral) >= 0
+        WHERE id = %(session_id)s AND {fenced}{conditions}
         RETURNING id, owner_id, last_seq, attempt
     ), appended AS (
         INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -319,27 +316,35 @@ _BATCH_SQL = """
         FROM bumped b,
              unnest(%(types)s::text[], %(datas)b::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
         RETURNING seq
+    ), notified AS MATERIALIZED (
+        SELECT count(pg_notify('{channel}', payload)) AS n
+        FROM unnest(%(payloads)b::text[] || %(notify_key)s::text) AS payload
+        WHERE EXISTS (SELECT FROM bumped)
     ), owner_rows AS (
         SELECT b.owner_id, b.id, o.ord, o.type, o.data
         FROM bumped b,
              unnest(%(owner_types)s::text[], %(owner_datas)b::jsonb[])
                  WITH ORDINALITY AS o(type, data, ord)
     ), {owner_events}
-    SELECT max(seq) AS seq FROM appended WHERE {notifying}
+    SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
+           (SELECT n FROM notified) AS notified
 """
 
 
-async def send_batch(conn: Connection, fence: Fence, session_id: UUID, batch: Batch) -> Cursor:
+async def send_batch(
+    conn: Connection, fence: Fence, session_id: UUID, batch: Batch, *, conditions: str = ""
+) -> Cursor:
     """Write `batch` in one statement, fenced: the database refuses it (`events.fence_errors`)
-    once the lease is gone. The returned cursor's row has the `seq` of its last event (in a
-    pipelined transaction: once that has ended)."""
+    once the lease is gone. `conditions` (`AND ...` on the session row, with the batch's
+    params): write nothing unless they hold. The returned cursor's row says whether it was
+    `written` and the `seq` of its last event (in a pipelined transaction: once that ended)."""
     sets = "".join(f", {column} = {value}" for column, value in batch.assignments.items())
     query = _BATCH_SQL.format(
         channel=STREAMS_CHANNEL,
         sets=sets,
         fenced=FENCED,
+        conditions=conditions,
         owner_events=owner_event_ctes("owner_rows", "s.type", "s.data", order="s.ord"),
-        notifying=notifying("%(notify_key)s"),
     )
     params = {
         **batch.params,
@@ -356,24 +361,57 @@ async def send_batch(conn: Connection, fence: Fence, session_id: UUID, batch: Ba
     return await conn.execute(query, params)
 
 
+# Follow-ups and approval decisions the model has not seen: logged after `{after}` and after the
+# session's `delivered_seq` (of the session row `sessions`).
+_UNDELIVERED = (
+    "SELECT FROM session_events e WHERE e.session_id = sessions.id"
+    " AND e.type IN ('user_message', 'tool_approval_decided')"
+    " AND e.seq > greatest(sessions.delivered_seq, {after})"
+)
+
+
 async def _send_undelivered_count(
     conn: Connection, session_id: UUID, delivered: int | None
 ) -> Cursor:
     """Count the follow-ups and approval decisions logged after what the model has seen: the
     session's `delivered_seq`, or `delivered` if that is further (`_count` reads it)."""
     return await conn.execute(
-        """
-        SELECT count(*) AS n FROM session_events e JOIN sessions s ON s.id = e.session_id
-        WHERE e.session_id = %s AND e.type IN ('user_message', 'tool_approval_decided')
-          AND e.seq > greatest(s.delivered_seq, %s)
-        """,
-        (session_id, delivered),
+        f"SELECT count(*) AS n FROM sessions, LATERAL ({_UNDELIVERED.format(after='%s')}) e"
+        " WHERE sessions.id = %s",
+        (delivered or 0, session_id),
     )
 
 
 async def _count(cur: Cursor) -> int:
     row = await cur.fetchone()
     return int(row["n"]) if row else 0
+
+
+async def finish_at_once(
+    conn: Connection,
+    fence: Fence,
+    row: dict[str, Any],
+    status: Status,
+    batch: Batch,
+    last_seq: int,
+    *,
+    error: dict[str, Any] | None = None,
+    note: str | None = None,
+) -> Cursor:
+    """`finish` in one statement, for the common case: the session's log still ends at
+    `last_seq` (the last event the run wrote or read), no cancel was requested, and no message
+    waits undelivered. Writes nothing otherwise (`written` is 0 on the cursor's row: then
+    `finish`). The conditions are checked on the locked row, so a follow-up or a cancel
+    committed meanwhile (each moves the row) is never missed; the undelivered count is the
+    statement's snapshot's, which is all there is when the log still ends at `last_seq`."""
+    batch = _closing(batch, fence, status, status, error, note)
+    batch.params["expected_last_seq"] = last_seq
+    conditions = (
+        " AND last_seq = %(expected_last_seq)s AND cancel_requested_at IS NULL"
+        f" AND NOT EXISTS ({_UNDELIVERED.format(after='%(delivered_or_zero)s')})"
+    )
+    batch.params["delivered_or_zero"] = batch.delivered() or 0
+    return await send_batch(conn, fence, row["id"], batch, conditions=conditions)
 
 
 async def finish(
@@ -415,6 +453,24 @@ async def finish(
     pending = requeue_undelivered and await _count(undelivered) > 0
     if pending and status in (Status.SUCCEEDED, Status.WAITING):
         return None, await send_batch(conn, fence, row["id"], batch)
+    settled = status
+    if pending and status == Status.FAILED:
+        settled = Status.QUEUED
+        await notify(conn, WORK_KEY)
+    closing = _closing(batch, fence, status, settled, error, note)
+    return settled, await send_batch(conn, fence, row["id"], closing)
+
+
+def _closing(
+    batch: Batch,
+    fence: Fence,
+    status: Status,
+    settled: Status,
+    error: dict[str, Any] | None,
+    note: str | None,
+) -> Batch:
+    """`batch` and the run's end: `session_end {status}`, its owner event, the lease released;
+    the session left `settled` (QUEUED after a failure: a re-queue, announced too)."""
     batch = batch.copy()
     end: dict[str, Any] = {"status": str(status)}
     if error is not None:
@@ -426,12 +482,11 @@ async def finish(
     if error is not None:
         announced["error"] = error
     batch.announce(OwnerEventType.SESSION_STATUS, announced)
-    settled = status
-    if pending and status == Status.FAILED:
-        settled, error = Status.QUEUED, None
-        requeued = {"status": str(settled), "attempt": fence.attempt}
-        batch.announce(OwnerEventType.SESSION_STATUS, requeued)
-        await notify(conn, WORK_KEY)
+    if settled != status:
+        error = None
+        batch.announce(
+            OwnerEventType.SESSION_STATUS, {"status": str(settled), "attempt": fence.attempt}
+        )
     batch.params.update(status=str(settled), error=Jsonb(error) if error is not None else None)
     batch.assignments.update(
         status="%(status)s",
@@ -441,7 +496,7 @@ async def finish(
         lease_expires_at="NULL",
         active_stage="NULL",
     )
-    return settled, await send_batch(conn, fence, row["id"], batch)
+    return batch
 
 
 async def release(

@@ -86,17 +86,16 @@ def owner_event_ctes(rows: str, type_: str, data: str, order: str = "s.created_a
     )"""
 
 
-async def send_session_event(
+async def append_session_event(
     conn: Connection, session_id: UUID, type_: str, data: dict[str, Any]
-) -> Cursor:
-    """Append one event (not a run's: unfenced; a run's go through `runs.send_batch`). Returns
-    the statement's cursor, whose row (none: no such session) a pipelined transaction has once
-    it ends.
+) -> dict[str, Any]:
+    """Append one event that is not a run's (unfenced; a run's go through `runs.send_batch`)
+    and return it; SessionNotFound if there is no such session.
 
     The seq comes from `sessions.last_seq`, bumped under the session row lock in the same
     statement; the stream's notification goes in it too.
     """
-    return await conn.execute(
+    cur = await conn.execute(
         """
         WITH bumped AS (
             UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
@@ -117,14 +116,7 @@ async def send_session_event(
             "notify_key": session_key(session_id),
         },
     )
-
-
-async def append_session_event(
-    conn: Connection, session_id: UUID, type_: str, data: dict[str, Any]
-) -> dict[str, Any]:
-    """Append one event (`send_session_event`) and return it; SessionNotFound if there is no
-    such session."""
-    row = await (await send_session_event(conn, session_id, type_, data)).fetchone()
+    row = await cur.fetchone()
     if row is None:
         raise SessionNotFound()
     return row

@@ -25,6 +25,9 @@ from psycopg.rows import dict_row
 
 from app.db import migrate
 from app.db.embedded import start_embedded
+from app.db.pool import Database
+from app.store import runs
+from app.store import sessions as session_store
 from app.store.keys import hash_key, new_key
 from tests.cluster import data_dir_for, with_database
 
@@ -380,6 +383,32 @@ def stop_all(workers: list[WorkerProcess]) -> None:
 async def live_workers(url: str) -> list[str]:
     rows = await query(url, "SELECT id FROM workers WHERE stopped_at IS NULL")
     return [r["id"] for r in rows]
+
+
+@contextlib.asynccontextmanager
+async def database_with_worker(prefix: str, worker: str) -> AsyncIterator[Database]:
+    """A fresh migrated database's pool, with a registered worker `worker` that claims through
+    the store (no process): for store-level tests of what a run writes."""
+    with fresh_database(prefix) as url:
+        db = Database(url, min_size=1, max_size=4)
+        await db.pool.open(wait=True)
+        async with db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO workers (id, pid, hostname) VALUES (%s, 1, 'test')", (worker,)
+            )
+        try:
+            yield db
+        finally:
+            await db.close()
+
+
+async def claimed_session(db: Database, worker: str) -> dict[str, Any]:
+    """A new session of a new owner, claimed by `worker` (the claim's row)."""
+    new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
+    async with db.transaction() as conn:
+        await session_store.create_session(conn, f"owner-{uuid.uuid4().hex[:8]}", new, None)
+        [row] = await runs.claim(conn, worker, 1, 30)
+    return row
 
 
 def missing(reason: str, what: str) -> NoReturn:

@@ -19,9 +19,8 @@ from app.db.pool import Connection, Database
 from app.domain import OwnerEventType, Status
 from app.errors import FenceRefused
 from app.store import runs
-from app.store import sessions as session_store
 from app.store.events import Fence, append_owner_event, fence_errors
-from tests.support import fresh_database
+from tests.support import claimed_session, database_with_worker
 
 WORKER = "frozen00:1"
 
@@ -63,23 +62,8 @@ WRITES: dict[str, Write] = {
 
 @pytest.fixture(scope="module")
 async def database() -> AsyncIterator[Database]:
-    with fresh_database("ferryman_fence") as url:
-        db = Database(url, min_size=1, max_size=4)
-        await db.pool.open(wait=True)
-        async with db.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO workers (id, pid, hostname) VALUES (%s, 1, 'test')", (WORKER,)
-            )
+    async with database_with_worker("ferryman_fence", WORKER) as db:
         yield db
-        await db.close()
-
-
-async def claimed_session(db: Database) -> dict[str, Any]:
-    new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
-    async with db.transaction() as conn:
-        await session_store.create_session(conn, f"owner-{uuid.uuid4().hex[:8]}", new, None)
-        [row] = await runs.claim(conn, WORKER, 1, 30)
-    return row
 
 
 @contextlib.asynccontextmanager
@@ -105,7 +89,7 @@ async def state(db: Database, session_id: uuid.UUID) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", sorted(WRITES))
 async def test_a_lapsed_lease_refuses_every_run_write(database: Database, name: str) -> None:
-    row = await claimed_session(database)
+    row = await claimed_session(database, WORKER)
     fence = Fence(WORKER, row["attempt"])
     # Held: the write goes through (so the refusal below is the lease's doing).
     async with database.transaction() as conn:
@@ -125,7 +109,7 @@ async def test_a_lapsed_lease_refuses_every_run_write(database: Database, name: 
 
 
 async def test_another_attempt_is_refused_too(database: Database) -> None:
-    row = await claimed_session(database)
+    row = await claimed_session(database, WORKER)
     stale = Fence(WORKER, row["attempt"] - 1)
     for name, write in WRITES.items():
         with pytest.raises(FenceRefused):
@@ -139,7 +123,7 @@ async def test_a_refused_write_takes_the_whole_pipelined_transaction_with_it(
 ) -> None:
     """The statements queued behind a refused write in the pipeline are not committed, even
     one with no fence of its own."""
-    row = await claimed_session(database)
+    row = await claimed_session(database, WORKER)
     stale = Fence(WORKER, row["attempt"] - 1)
     before = await state(database, row["id"])
     with pytest.raises(FenceRefused):

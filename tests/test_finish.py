@@ -4,7 +4,6 @@ and when a cancel was requested (SPEC sections 2 and 5)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,30 +14,15 @@ from app.domain import Status
 from app.store import runs
 from app.store import sessions as session_store
 from app.store.events import Fence, fence_errors
-from tests.support import fresh_database
+from tests.support import claimed_session, database_with_worker
 
 WORKER = "finisher:1"
 
 
 @pytest.fixture  # one per test: a session one re-queues must not be the next one's claim
 async def database() -> AsyncIterator[Database]:
-    with fresh_database("ferryman_finish") as url:
-        db = Database(url, min_size=1, max_size=2)
-        await db.pool.open(wait=True)
-        async with db.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO workers (id, pid, hostname) VALUES (%s, 1, 'test')", (WORKER,)
-            )
+    async with database_with_worker("ferryman_finish", WORKER) as db:
         yield db
-        await db.close()
-
-
-async def claimed(db: Database) -> dict[str, Any]:
-    new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
-    async with db.transaction() as conn:
-        await session_store.create_session(conn, f"owner-{uuid.uuid4().hex[:8]}", new, None)
-        [row] = await runs.claim(conn, WORKER, 1, 30)
-    return row
 
 
 def reply(delivered: int) -> runs.Batch:
@@ -80,7 +64,7 @@ async def statuses(db: Database, row: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 async def test_a_plain_end_writes_the_batch_then_session_end(database: Database) -> None:
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     settled, sent = await finish(database, row, Status.SUCCEEDED)
     assert settled == Status.SUCCEEDED
     assert await log_of(database, row) == ["user_message", "assistant_message", "session_end"]
@@ -89,7 +73,7 @@ async def test_a_plain_end_writes_the_batch_then_session_end(database: Database)
 
 
 async def test_an_unseen_follow_up_keeps_the_run_going(database: Database) -> None:
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     async with database.transaction() as conn:
         await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
     settled, _ = await finish(database, row, Status.SUCCEEDED)
@@ -99,7 +83,7 @@ async def test_an_unseen_follow_up_keeps_the_run_going(database: Database) -> No
 
 
 async def test_a_failure_with_an_unseen_follow_up_re_queues(database: Database) -> None:
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     async with database.transaction() as conn:
         await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
     error = {"code": "MODEL_UNAVAILABLE", "message": "down"}
@@ -111,7 +95,7 @@ async def test_a_failure_with_an_unseen_follow_up_re_queues(database: Database) 
 
 
 async def test_a_requested_cancel_wins(database: Database) -> None:
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     async with database.transaction() as conn:
         await session_store.request_cancel(conn, row["owner_id"], row["id"])
     settled, _ = await finish(database, row, Status.SUCCEEDED)
@@ -135,7 +119,7 @@ async def at_once(db: Database, row: dict[str, Any], status: Status) -> dict[str
 
 
 async def test_at_once_a_plain_end_is_one_statement(database: Database) -> None:
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     written = await at_once(database, row, Status.SUCCEEDED)
     assert (written["written"], written["seq"]) == (1, 3)
     assert await log_of(database, row) == ["user_message", "assistant_message", "session_end"]
@@ -148,7 +132,7 @@ async def test_at_once_writes_nothing_when_something_came_in(
 ) -> None:
     """A follow-up moves the log past what the run knows, a cancel marks the row: either way
     the one statement writes nothing (not even the batch) and `finish` takes over."""
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     async with database.transaction() as conn:
         if meanwhile == "follow_up":
             await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
@@ -163,7 +147,7 @@ async def test_at_once_writes_nothing_when_something_came_in(
 async def test_at_once_sees_a_message_the_model_never_got(database: Database) -> None:
     """A message logged before the run's last read but after what the model was told (its
     delivered mark) keeps the session from ending at once, though the log did not move."""
-    row = await claimed(database)
+    row = await claimed_session(database, WORKER)
     async with database.transaction() as conn:
         await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
     async with database.connection() as conn:

@@ -7,15 +7,18 @@ import gc
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.agent.tools import ToolRegistry, default_registry
 from app.bus import Bus
+from app.coalesce import Coalescer
 from app.config import Settings
 from app.db.pool import Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
 from app.store import events as event_store
+from app.store.events import PageWant
 from app.store.notify import STREAMS_CHANNEL
-from app.streams.feed import FeedHub
+from app.streams.feed import PAGE_ROWS, FeedHub, Heads
 from app.streams.sse import StreamSlots
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,13 @@ def calm_garbage_collector() -> None:
     gc.freeze()
 
 
+# One coalesced read of session logs takes this many pages at most, and at most this many bytes
+# of events (a page is a write's worth, FERRYMAN_STREAM_WRITE_BYTES), so that streams reading
+# big backlogs at once hold no more than that per query.
+READ_BATCH_PAGES = 500
+READ_BATCH_BYTES = 4 * 1_048_576
+
+
 def database(
     settings: Settings, url: str, *, min_size: int, max_size: int, timeout: float
 ) -> Database:
@@ -54,6 +64,14 @@ def database(
     )
 
 
+def _feed_heads(db: Database) -> Heads:
+    async def heads(keys: list[str]) -> dict[str, tuple[int, bool]]:
+        async with db.connection() as conn:
+            return await event_store.feed_heads(conn, keys)
+
+    return heads
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -62,9 +80,24 @@ class Services:
     hub: FeedHub
     slots: StreamSlots
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+    # The session streams' reads of the log and of their heads, coalesced (app/coalesce.py).
+    session_pages: Coalescer[PageWant, tuple[list[dict[str, Any]], bool]] = field(init=False)
+    session_heads: Coalescer[str, tuple[int, bool]] = field(init=False)
     _local_tools: ToolRegistry | None = None
     _supervisor: EmbeddedSupervisor | None = None
     _checks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        async def pages(
+            wants: list[PageWant],
+        ) -> dict[PageWant, tuple[list[dict[str, Any]], bool]]:
+            async with self.db.connection() as conn:
+                return await event_store.read_session_pages(conn, wants, PAGE_ROWS)
+
+        # Each page is at most a write's worth: so many at once hold at most READ_BATCH_BYTES.
+        batch = max(1, min(READ_BATCH_PAGES, READ_BATCH_BYTES // self.settings.stream_write_bytes))
+        self.session_pages = Coalescer(pages, max_keys=batch)
+        self.session_heads = Coalescer(_feed_heads(self.db))
 
     @classmethod
     def create(
@@ -86,14 +119,9 @@ class Services:
             timeout=pool_timeout or settings.pool_timeout,
         )
         bus = Bus(db.direct_url, channels)
-
-        async def heads(keys: list[str]) -> dict[str, tuple[int, bool]]:
-            async with db.connection() as conn:
-                return await event_store.feed_heads(conn, keys)
-
         hub = FeedHub(
             bus,
-            heads=heads,
+            heads=_feed_heads(db),
             buffer_bytes=settings.feed_buffer_bytes,
             write_bytes=settings.stream_write_bytes,
             poll_interval=settings.poll_interval,

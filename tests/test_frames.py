@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.errors import InvalidCursor
+from app.store.notify import ephemeral_body
 from app.streams.frames import (
     MAX_CURSOR,
     PING,
@@ -386,8 +387,8 @@ def _event(id_: int, type_: str = "tool_result") -> Event:
 
 
 def _delta(after: int, text: str) -> Ephemeral:
-    body = json.dumps({"type": "message_delta", "afterSeq": after, "data": {"text": text}})
-    return ephemeral_frame(body)
+    envelope = json.dumps({"type": "message_delta", "afterSeq": after, "data": {"text": text}})
+    return ephemeral_frame(ephemeral_body(after, "message_delta", envelope))
 
 
 def test_a_delta_goes_right_after_the_event_it_follows() -> None:
@@ -407,8 +408,9 @@ def test_a_delta_goes_right_after_the_event_it_follows() -> None:
 def test_a_delta_waits_for_an_event_not_read_yet() -> None:
     frames, taken, sent, cursor, _ = in_order([_delta(9, "x")], [], cursor=8, settled=0)
     assert (frames, taken, sent, cursor) == ([], 0, 0, 8)
-    old = ephemeral_frame('{"type":"message_delta","data":{"text":"y"}}')  # no afterSeq
-    assert in_order([old], [], cursor=0, settled=0)[1] == 1
+    malformed = ephemeral_frame('{"type":"message_delta","data":{"text":"y"}}')
+    assert malformed.frame == b""  # not a line of ours: nothing goes out, nothing waits for it
+    assert in_order([malformed], [], cursor=0, settled=0)[1] == 1
 
 
 def test_a_delta_of_a_turn_whose_message_was_sent_is_dropped() -> None:

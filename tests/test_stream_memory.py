@@ -26,6 +26,7 @@ from starlette.types import Message
 from app.api.streams import EventStreamResponse
 from app.db.pool import Database
 from app.store.events import append_owner_event, append_session_event, read_owner_events
+from app.store.notify import ephemeral_body, json_string
 from app.store.sessions import NewSession, create_session
 from app.streams.feed import Feed, FeedSource, Page, Tail
 from app.streams.frames import Event, ephemeral_frame, owner_event, writes
@@ -92,9 +93,13 @@ def test_frames_carry_utf8_not_escapes() -> None:
 
 
 def test_an_ephemeral_lone_surrogate_stays_an_escape() -> None:
-    """JSON text from a NOTIFY payload may hold a lone surrogate, which UTF-8 cannot carry: it
-    goes out as the escape it came in as, and the frame still decodes to the same text."""
-    frame = ephemeral_frame('{"type":"message_delta","data":{"text":"a\\ud800b\U0001f600"}}').frame
+    """A model's text may hold a lone surrogate, which UTF-8 (and so a NOTIFY payload) cannot
+    carry: it goes out as a JSON escape, the rest as UTF-8, and the frame still decodes to the
+    same text."""
+    text = "a\ud800b" + EMOJI
+    envelope = f'{{"type":"message_delta","data":{{"text":{json_string(text)}}}}}'
+    envelope.encode()  # fits a NOTIFY payload
+    frame = ephemeral_frame(ephemeral_body(0, "message_delta", envelope)).frame
     assert b"\\ud800" in frame and EMOJI.encode() in frame
     body = frame.decode().split("data: ", 1)[1]
     assert json.loads(body)["data"]["text"] == "a\ud800b" + EMOJI
@@ -193,7 +198,8 @@ async def test_feed_hands_out_a_write_at_a_time_and_evicts_by_bytes() -> None:
     assert feed.since(30) == []
     # Ephemeral frames too: a stream takes a write's worth, the feed keeps about that much.
     for n in range(50):
-        feed.wake(json.dumps({"type": "message_delta", "data": {"text": str(n) * 40}}))
+        envelope = json.dumps({"type": "message_delta", "data": {"text": str(n) * 40}})
+        feed.wake(ephemeral_body(0, "message_delta", envelope))
     deltas, seen = feed.ephemeral_since(0)
     assert sum(d.size for d in deltas) <= WRITE_BYTES
     assert feed.ephemeral.bytes <= WRITE_BYTES and seen == 50

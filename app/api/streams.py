@@ -112,19 +112,16 @@ def owner_source(services: Services, owner: str) -> FeedSource:
 
 
 def session_source(services: Services, session_id: UUID) -> FeedSource:
+    key = session_key(session_id)
+
     async def head() -> tuple[int, bool]:
-        async with services.db.connection() as conn:
-            row = await event_store.session_head(conn, session_id)
-        return (int(row["last_seq"]), bool(row["deleted"])) if row else (0, True)
+        return await services.session_heads.get(key)
 
     async def read(after: int, max_bytes: int) -> Page:
-        async with services.db.connection() as conn:
-            rows = await event_store.read_session_events(
-                conn, session_id, after, PAGE_ROWS, max_bytes
-            )
-        return Page.of(rows, session_event, max_bytes)
+        rows, gone = await services.session_pages.get((session_id, after, max_bytes))
+        return Page.of(rows, session_event, max_bytes) if rows else Page([], False, gone)
 
-    return FeedSource(session_key(session_id), head, read)
+    return FeedSource(key, head, read)
 
 
 @router.get(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from uuid import UUID
 
 from app.db.pool import Database
 from app.domain import rfc3339
-from app.store.notify import publish_ephemerals, session_key
+from app.store.notify import ephemeral_body, json_string, publish_ephemerals, session_key
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +27,37 @@ FLUSH_SECONDS = 0.05
 
 @dataclass
 class _Pending:
-    owner_id: str
+    """A streaming session's text not sent yet. It lives for the session's turn, so `key` and
+    `head` (its notification key and the start of its envelope) are built once a turn, not at
+    every flush."""
+
+    key: str
+    head: str
     after_seq: int
     texts: list[str] = field(default_factory=list)
 
-    def frame(self, session_id: UUID, ts: str | None = None) -> str:
-        """The ephemeral `message_delta` envelope of the text. `afterSeq` is the last event its
-        run wrote before it: streams send it after that event and before the next. `ts`: when
-        it was built (a flush cuts one for all its frames)."""
+    @classmethod
+    def of(cls, session_id: UUID, owner_id: str, after_seq: int) -> _Pending:
+        head = (
+            f'{{"type":"message_delta","sessionId":"{session_id}",'
+            f'"ownerId":{json_string(owner_id)},"ts":"'
+        )
+        return cls(session_key(session_id), head, after_seq)
+
+    def take_line(self, ts: str | None = None) -> tuple[str, str]:
+        """(key, body) of the ephemeral `message_delta` of the text (`ephemeral_body`), which
+        is then no longer pending. `afterSeq` is the last event its run wrote before it:
+        streams send it after that event and before the next. `ts`: when it was built (a
+        flush cuts one for all its frames)."""
         # Spelled out rather than json.dumps of a dict: a flush builds one per streaming
         # session, 20 times a second.
-        return (
-            f'{{"type":"message_delta","sessionId":"{session_id}",'
-            f'"ownerId":{json.dumps(self.owner_id)},"ts":"{ts or _now()}",'
-            f'"afterSeq":{int(self.after_seq)},"data":{{"text":{json.dumps("".join(self.texts))}}}}}'
+        after = int(self.after_seq)
+        envelope = (
+            f'{self.head}{ts or _now()}","afterSeq":{after},'
+            f'"data":{{"text":{json_string("".join(self.texts))}}},"phase":"live"}}'
         )
+        self.texts = []
+        return self.key, ephemeral_body(after, "message_delta", envelope)
 
 
 def _now() -> str:
@@ -56,27 +71,32 @@ class DeltaHub:
     def __init__(self, db: Database, interval: float = FLUSH_SECONDS) -> None:
         self.db = db
         self.interval = interval
-        self.pending: dict[UUID, _Pending] = {}
+        self.streaming: dict[UUID, _Pending] = {}  # sessions in a turn, until `take`
+        self.due: dict[UUID, _Pending] = {}  # those with text for the next flush
         self.last_flush = 0.0
         self.timer: asyncio.Task[None] | None = None
         self.sending = asyncio.Lock()
 
     def add(self, session_id: UUID, owner_id: str, text: str, after_seq: int) -> None:
-        entry = self.pending.setdefault(session_id, _Pending(owner_id, after_seq))
+        entry = self.streaming.get(session_id)
+        if entry is None:
+            entry = self.streaming[session_id] = _Pending.of(session_id, owner_id, after_seq)
         entry.after_seq = after_seq
         entry.texts.append(text)
+        self.due[session_id] = entry
         if self.timer is None:
             # At least one interval after the last send: a turn shorter than that sends its
             # text with the message that ends it, not in a NOTIFY.
             wait = max(self.interval, self.last_flush + self.interval - time.monotonic())
             self.timer = asyncio.create_task(self._flush_after(wait))
 
-    async def take(self, session_id: UUID) -> str | None:
-        """The frame of the session's text not sent yet (no longer pending), once a send in
-        flight has left: the caller sends it after everything sent before."""
+    async def take(self, session_id: UUID) -> tuple[str, str] | None:
+        """The (key, body) line of the session's text not sent yet (its turn is over), once a
+        send in flight has left: the caller sends it after everything sent before."""
         async with self.sending:
-            entry = self.pending.pop(session_id, None)
-        return None if entry is None else entry.frame(session_id)
+            entry = self.streaming.pop(session_id, None)
+            self.due.pop(session_id, None)
+        return entry.take_line() if entry is not None and entry.texts else None
 
     async def close(self) -> None:
         if self.timer is not None:
@@ -92,12 +112,12 @@ class DeltaHub:
 
     async def flush(self) -> None:
         async with self.sending:
-            if not self.pending:
+            if not self.due:
                 return
-            batch, self.pending = self.pending, {}
+            due, self.due = self.due, {}
             self.last_flush = time.monotonic()
             ts = _now()
-            frames = [(session_key(sid), entry.frame(sid, ts)) for sid, entry in batch.items()]
+            frames = [entry.take_line(ts) for entry in due.values()]
             try:
                 async with self.db.connection() as conn:
                     await publish_ephemerals(conn, frames)

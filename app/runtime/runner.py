@@ -45,7 +45,6 @@ from app.runtime.deltas import DeltaHub
 from app.store import events as event_store
 from app.store import runs
 from app.store.events import Fence, fence_errors
-from app.store.notify import session_key
 
 log = logging.getLogger(__name__)
 
@@ -474,10 +473,9 @@ class Run:
         """The turn's text not sent yet goes out with the run's next transaction, before the
         event that ends the turn: deltas still precede their message, and a short turn costs
         no NOTIFY of its own."""
-        body = await self.ctx.deltas.take(self.session_id)
-        if body is not None:
-            frames = [(session_key(self.session_id), body)]
-            self.pending.ephemerals.extend(frames)
+        line = await self.ctx.deltas.take(self.session_id)
+        if line is not None:
+            self.pending.ephemerals.append(line)
 
     async def fail(self, fault: ModelFault, delivered: int) -> None:
         """End the run `failed` for a model fault: recorded as a failure, never as words of

@@ -180,6 +180,49 @@ async def read_session_events(
     return await (await conn.execute(_SESSION_PAGE, params)).fetchall()
 
 
+# Pages of several session logs in one statement: each wanted (session, after, max_bytes) bounded
+# as `_SESSION_PAGE` bounds one; a session with nothing after its cursor still gives one row
+# (seq NULL), which says whether it was deleted.
+_SESSION_PAGES = """
+    SELECT want.session_id, want.after, want.max_bytes, page.seq, page.attempt, page.type,
+        page.data, page.created_at, page.size, s.owner_id, s.deleted_at IS NOT NULL AS deleted
+    FROM unnest(%(ids)s::uuid[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
+        AS want(session_id, after, max_bytes)
+    JOIN sessions s ON s.id = want.session_id
+    LEFT JOIN LATERAL (
+        SELECT log.*, sum(log.size) OVER (ORDER BY log.seq) AS upto FROM session_events log
+        WHERE log.session_id = want.session_id AND log.seq > want.after
+        ORDER BY log.seq LIMIT %(limit)s
+    ) page ON true
+    WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
+    ORDER BY want.session_id, want.after, want.max_bytes, page.seq
+"""
+
+# A wanted page: (session, after seq, max bytes).
+PageWant = tuple[UUID, int, int]
+
+
+async def read_session_pages(
+    conn: Connection, wants: list[PageWant], limit: int
+) -> dict[PageWant, tuple[list[dict[str, Any]], bool]]:
+    """For each wanted page (distinct), its rows as `read_session_events` reads them and
+    whether the session is gone (deleted, or no longer there)."""
+    params = {
+        "ids": [want[0] for want in wants],
+        "afters": [want[1] for want in wants],
+        "max_bytes": [want[2] for want in wants],
+        "limit": limit,
+    }
+    pages: dict[PageWant, tuple[list[dict[str, Any]], bool]] = {want: ([], True) for want in wants}
+    for row in await (await conn.execute(_SESSION_PAGES, params)).fetchall():
+        want = (row["session_id"], row["after"], row["max_bytes"])
+        rows = pages[want][0]
+        if row["seq"] is not None:
+            rows.append(row)
+        pages[want] = (rows, bool(row["deleted"]))
+    return pages
+
+
 async def session_event_pages(
     conn: Connection, session_id: UUID, last_seq: int, *, limit: int, max_bytes: int
 ) -> AsyncIterator[list[dict[str, Any]]]:
@@ -192,15 +235,6 @@ async def session_event_pages(
             return
         yield rows
         after = int(rows[-1]["seq"])
-
-
-async def session_head(conn: Connection, session_id: UUID) -> dict[str, Any] | None:
-    """`last_seq` and whether the session is gone, for a session stream's wake-ups."""
-    cur = await conn.execute(
-        "SELECT last_seq, deleted_at IS NOT NULL AS deleted FROM sessions WHERE id = %s",
-        (session_id,),
-    )
-    return await cur.fetchone()
 
 
 async def read_owner_events(

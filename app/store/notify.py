@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from uuid import UUID
 
 from app.db.pool import Connection
@@ -19,8 +20,8 @@ WORK_KEY = "work"
 WORKERS_KEY = "workers"
 
 
-# `key|body`: an ephemeral frame (e.g. `message_delta`) riding on the notification itself; a
-# payload may carry several, one per line.
+# `key|afterSeq|type|envelope`: an ephemeral frame (e.g. `message_delta`) riding on the
+# notification itself; a payload may carry several, one per line (`ephemeral_body`).
 EPHEMERAL_SEPARATOR = "|"
 # NOTIFY payloads must stay under 8000 bytes.
 MAX_EPHEMERAL_BYTES = 7000
@@ -59,6 +60,31 @@ def inbox_key(session_id: UUID | str) -> str:
 def cancel_key(session_id: UUID | str) -> str:
     """Wakes the lease holder of a session whose cancellation was requested."""
     return f"c:{session_id}"
+
+
+def ephemeral_body(after_seq: int, type_: str, envelope: str) -> str:
+    """What follows the key on an ephemeral frame's line: the id of the event it follows, its
+    type and its envelope, one-line JSON exactly as streams send it (its `"phase":"live"`
+    included). With those out in front, an API process frames it without parsing the JSON:
+    at 2,000 streaming sessions, parsing and re-encoding every delta was half its time."""
+    return f"{after_seq}{EPHEMERAL_SEPARATOR}{type_}{EPHEMERAL_SEPARATOR}{envelope}"
+
+
+def parse_ephemeral(body: str) -> tuple[int, str, str] | None:
+    """(afterSeq, type, envelope) of an `ephemeral_body`, or None if it is not one."""
+    after, _, rest = body.partition(EPHEMERAL_SEPARATOR)
+    type_, _, envelope = rest.partition(EPHEMERAL_SEPARATOR)
+    if not after.isdigit() or not type_ or not envelope:
+        return None
+    return int(after), type_, envelope
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string literal in UTF-8 rather than \\u escapes (an emoji is 4 bytes on
+    the wire, not 12); a lone surrogate, which UTF-8 cannot carry, stays an escape."""
+    if text.isascii():
+        return json.dumps(text)
+    return json.dumps(text, ensure_ascii=False).encode("utf-8", "backslashreplace").decode()
 
 
 def ephemeral_payloads(frames: list[tuple[str, str]]) -> list[str]:

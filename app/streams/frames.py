@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from app.domain import rfc3339
 from app.errors import InvalidCursor
+from app.store.notify import parse_ephemeral
 
 Phase = Literal["backlog", "live"]
 # A cursor above this is not a cursor we could have issued (ids are PostgreSQL bigints).
@@ -168,15 +169,13 @@ class Ephemeral:
 
 
 def ephemeral_frame(body: str) -> Ephemeral:
-    """A frame from an ephemeral notification body `{"type": ..., "afterSeq": ...,
-    ...envelope}`: no `id:`."""
-    try:
-        envelope = json.loads(body)
-        event = str(envelope["type"])
-        after = int(envelope.get("afterSeq", 0))
-    except (ValueError, KeyError, TypeError):
+    """A frame from an ephemeral notification's body (`ephemeral_body`): no `id:`, and its
+    envelope as it came, unparsed."""
+    parsed = parse_ephemeral(body)
+    if parsed is None:
         return Ephemeral(0, b"")
-    return Ephemeral(after, sse_frame(event, _json({**envelope, "phase": "live"})))
+    after, event, envelope = parsed
+    return Ephemeral(after, sse_frame(event, envelope))
 
 
 # Events that settle a turn's streamed text: its message, or a retry that drops it. A delta that

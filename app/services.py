@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,10 +13,10 @@ from app.agent.tools import ToolRegistry, default_registry
 from app.bus import Bus
 from app.coalesce import Coalescer
 from app.config import Settings
-from app.db.pool import Database, SessionLimits
+from app.db.pool import Connection, Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
 from app.store import events as event_store
-from app.store.events import PageWant
+from app.store.events import Pages, PageWant
 from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import PAGE_ROWS, FeedHub, Heads
 from app.streams.sse import StreamSlots
@@ -64,6 +64,9 @@ def database(
     )
 
 
+PagesReader = Callable[[Connection, list[PageWant], int], Awaitable[Pages]]
+
+
 def _feed_heads(db: Database) -> Heads:
     async def heads(keys: list[str]) -> dict[str, tuple[int, bool]]:
         async with db.connection() as conn:
@@ -80,24 +83,28 @@ class Services:
     hub: FeedHub
     slots: StreamSlots
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
-    # The session streams' reads of the log and of their heads, coalesced (app/coalesce.py).
+    # The streams' reads of the logs, and of the session feeds' heads, coalesced
+    # (app/coalesce.py).
     session_pages: Coalescer[PageWant, tuple[list[dict[str, Any]], bool]] = field(init=False)
+    owner_pages: Coalescer[PageWant, tuple[list[dict[str, Any]], bool]] = field(init=False)
     session_heads: Coalescer[str, tuple[int, bool]] = field(init=False)
     _local_tools: ToolRegistry | None = None
     _supervisor: EmbeddedSupervisor | None = None
     _checks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        async def pages(
-            wants: list[PageWant],
-        ) -> dict[PageWant, tuple[list[dict[str, Any]], bool]]:
-            async with self.db.connection() as conn:
-                return await event_store.read_session_pages(conn, wants, PAGE_ROWS)
-
         # Each page is at most a write's worth: so many at once hold at most READ_BATCH_BYTES.
         batch = max(1, min(READ_BATCH_PAGES, READ_BATCH_BYTES // self.settings.stream_write_bytes))
-        self.session_pages = Coalescer(pages, max_keys=batch)
+        self.session_pages = Coalescer(self._pages(event_store.read_session_pages), max_keys=batch)
+        self.owner_pages = Coalescer(self._pages(event_store.read_owner_pages), max_keys=batch)
         self.session_heads = Coalescer(_feed_heads(self.db))
+
+    def _pages(self, read: PagesReader) -> Callable[[list[PageWant]], Awaitable[Pages]]:
+        async def pages(wants: list[PageWant]) -> Pages:
+            async with self.db.connection() as conn:
+                return await read(conn, wants, PAGE_ROWS)
+
+        return pages
 
     @classmethod
     def create(

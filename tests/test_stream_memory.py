@@ -25,7 +25,7 @@ from starlette.types import Message
 
 from app.api.streams import EventStreamResponse
 from app.db.pool import Database
-from app.store.events import append_owner_event, append_session_event, read_owner_events
+from app.store.events import append_owner_event, append_session_event, read_owner_pages
 from app.store.notify import ephemeral_body, json_string
 from app.store.sessions import NewSession, create_session
 from app.streams.feed import Feed, FeedSource, Page, Tail
@@ -260,21 +260,30 @@ async def test_owner_pages_stop_at_the_byte_bound(db: Database, owner_key: tuple
     owner, _ = owner_key
     sizes = [10, 3000, 10, 10, 5000, 10, 10]
     async with db.connection() as conn:
+
+        async def read(after: int, limit: int, max_bytes: int) -> list[dict[str, Any]]:
+            want = (owner, after, max_bytes)
+            return (await read_owner_pages(conn, [want], limit))[want][0]
+
         for size in sizes:
             await append_owner_event(conn, owner, uuid.uuid4(), "session_title", {"t": "x" * size})
         pages: list[list[int]] = []
         after = 0
-        while rows := await read_owner_events(conn, owner, after, 500, 2000):
+        while rows := await read(after, 500, 2000):
             pages.append([r["id"] for r in rows])
             assert all(r["size"] == len(json.dumps(r["data"])) for r in rows)
             after = rows[-1]["id"]
         # The event that crosses the bound ends its page; a big one is a page of its own.
         assert pages == [[1, 2], [3, 4, 5], [6, 7]]
-        assert [r["id"] for r in await read_owner_events(conn, owner, 0, 1, 10**9)] == [1]
+        # Several cursors of one owner in one read: each page as if read alone.
+        wants = [(owner, after, 2000) for after in (0, 2, 5, 7)]
+        together = await read_owner_pages(conn, wants, 500)
+        assert [[r["id"] for r in together[want][0]] for want in wants] == [*pages, []]
+        assert [r["id"] for r in await read(0, 1, 10**9)] == [1]
         # Retention prunes from the oldest: a page after the pruned ones starts past the gap,
         # where a reader at the old cursor sees it (and is told to resync).
         await conn.execute("DELETE FROM owner_events WHERE owner_id = %s AND id < 4", (owner,))
-        first, *_ = await read_owner_events(conn, owner, 0, 500, 10**9)
+        first, *_ = await read(0, 500, 10**9)
         assert first["id"] == 4
 
 

@@ -18,7 +18,7 @@ from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import owner_key, session_key
-from app.streams.feed import PAGE_ROWS, FeedSource, Page
+from app.streams.feed import FeedSource, Page
 from app.streams.frames import owner_event, parse_cursor, resync_reason, session_event
 from app.streams.sse import StreamOptions, event_stream, resync_stream
 
@@ -104,8 +104,7 @@ def owner_source(services: Services, owner: str) -> FeedSource:
             return await event_store.owner_head(conn, owner), False
 
     async def read(after: int, max_bytes: int) -> Page:
-        async with services.db.connection() as conn:
-            rows = await event_store.read_owner_events(conn, owner, after, PAGE_ROWS, max_bytes)
+        rows, _ = await services.owner_pages.get((owner, after, max_bytes))
         return Page.of(rows, owner_event, max_bytes)
 
     return FeedSource(owner_key(owner), head, read, closable=False)

@@ -161,13 +161,6 @@ _SESSION_PAGE = _PAGE.format(
     order="seq",
     join="JOIN sessions s ON s.id = page.session_id",
 )
-_OWNER_PAGE = _PAGE.format(
-    columns="page.owner_id, page.id, page.session_id, page.type, page.data, page.created_at",
-    table="owner_events",
-    key="owner_id",
-    order="id",
-    join="",
-)
 
 
 async def read_session_events(
@@ -180,44 +173,74 @@ async def read_session_events(
     return await (await conn.execute(_SESSION_PAGE, params)).fetchall()
 
 
-# Pages of several session logs in one statement: each wanted (session, after, max_bytes) bounded
-# as `_SESSION_PAGE` bounds one; a session with nothing after its cursor still gives one row
-# (seq NULL), which says whether it was deleted.
-_SESSION_PAGES = """
-    SELECT want.session_id, want.after, want.max_bytes, page.seq, page.attempt, page.type,
-        page.data, page.created_at, page.size, s.owner_id, s.deleted_at IS NOT NULL AS deleted
-    FROM unnest(%(ids)s::uuid[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
-        AS want(session_id, after, max_bytes)
-    JOIN sessions s ON s.id = want.session_id
+# Pages of several logs in one statement: each wanted (key, after, max_bytes) bounded as `_PAGE`
+# bounds one. A key with nothing after its cursor still gives one row (its page's columns NULL):
+# for a session, it says whether the session was deleted.
+_PAGES = """
+    SELECT want.key AS want_key, want.after, want.max_bytes, {columns}, page.size
+    FROM unnest(%(keys)s::{key_type}[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
+        AS want(key, after, max_bytes)
+    {join}
     LEFT JOIN LATERAL (
-        SELECT log.*, sum(log.size) OVER (ORDER BY log.seq) AS upto FROM session_events log
-        WHERE log.session_id = want.session_id AND log.seq > want.after
-        ORDER BY log.seq LIMIT %(limit)s
+        SELECT log.*, sum(log.size) OVER (ORDER BY log.{order}) AS upto FROM {table} log
+        WHERE log.{key} = want.key AND log.{order} > want.after
+        ORDER BY log.{order} LIMIT %(limit)s
     ) page ON true
-    WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
-    ORDER BY want.session_id, want.after, want.max_bytes, page.seq
+    WHERE page.{order} IS NULL OR page.upto - page.size < want.max_bytes
+    ORDER BY want.key, want.after, want.max_bytes, page.{order}
 """
+_SESSION_PAGES = _PAGES.format(
+    columns="want.key AS session_id, page.seq, page.attempt, page.type, page.data,"
+    " page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted",
+    key_type="uuid",
+    join="JOIN sessions s ON s.id = want.key",
+    table="session_events",
+    key="session_id",
+    order="seq",
+)
+_OWNER_PAGES = _PAGES.format(
+    columns="want.key AS owner_id, page.id, page.session_id, page.type, page.data,"
+    " page.created_at, false AS deleted",
+    key_type="text",
+    join="",
+    table="owner_events",
+    key="owner_id",
+    order="id",
+)
 
-# A wanted page: (session, after seq, max bytes).
-PageWant = tuple[UUID, int, int]
+# A wanted page: (session id or owner id, after, max bytes).
+PageWant = tuple[Any, int, int]
+# Each wanted page's rows, and whether its log's subject is gone.
+Pages = dict[PageWant, tuple[list[dict[str, Any]], bool]]
 
 
-async def read_session_pages(
-    conn: Connection, wants: list[PageWant], limit: int
-) -> dict[PageWant, tuple[list[dict[str, Any]], bool]]:
+async def read_session_pages(conn: Connection, wants: list[PageWant], limit: int) -> Pages:
     """For each wanted page (distinct), its rows as `read_session_events` reads them and
     whether the session is gone (deleted, or no longer there)."""
+    return await _read_pages(conn, _SESSION_PAGES, "seq", wants, limit)
+
+
+async def read_owner_pages(conn: Connection, wants: list[PageWant], limit: int) -> Pages:
+    """For each wanted page (distinct), its rows bounded as `read_session_events` bounds a
+    session's page (an owner's log is never gone)."""
+    pages = await _read_pages(conn, _OWNER_PAGES, "id", wants, limit)
+    return {want: (rows, False) for want, (rows, _) in pages.items()}
+
+
+async def _read_pages(
+    conn: Connection, query: str, order: str, wants: list[PageWant], limit: int
+) -> Pages:
     params = {
-        "ids": [want[0] for want in wants],
+        "keys": [want[0] for want in wants],
         "afters": [want[1] for want in wants],
         "max_bytes": [want[2] for want in wants],
         "limit": limit,
     }
-    pages: dict[PageWant, tuple[list[dict[str, Any]], bool]] = {want: ([], True) for want in wants}
-    for row in await (await conn.execute(_SESSION_PAGES, params)).fetchall():
-        want = (row["session_id"], row["after"], row["max_bytes"])
+    pages: Pages = {want: ([], True) for want in wants}
+    for row in await (await conn.execute(query, params)).fetchall():
+        want = (row["want_key"], row["after"], row["max_bytes"])
         rows = pages[want][0]
-        if row["seq"] is not None:
+        if row[order] is not None:
             rows.append(row)
         pages[want] = (rows, bool(row["deleted"]))
     return pages
@@ -235,14 +258,6 @@ async def session_event_pages(
             return
         yield rows
         after = int(rows[-1]["seq"])
-
-
-async def read_owner_events(
-    conn: Connection, owner_id: str, after: int, limit: int, max_bytes: int | None = None
-) -> list[dict[str, Any]]:
-    """Owner events after id `after`, bounded as `read_session_events` bounds its page."""
-    params = {"key": owner_id, "after": after, "limit": limit, "max_bytes": max_bytes}
-    return await (await conn.execute(_OWNER_PAGE, params)).fetchall()
 
 
 async def owner_feed_bounds(conn: Connection, owner_id: str) -> tuple[int, int | None]:

@@ -70,5 +70,9 @@ class Coalescer(Generic[K, V]):
                     future.cancel()
                 raise
             for key, future in batch:
-                if not future.done():
+                if future.done():
+                    continue
+                if key in found:
                     future.set_result(found[key])
+                else:  # a fetch that breaks its promise fails its callers, not the drain
+                    future.set_exception(LookupError(f"{key!r} was not answered"))

@@ -77,6 +77,15 @@ async def test_a_failure_reaches_its_batch_and_the_next_one_works() -> None:
     assert await coalescer.get(2) == 20
 
 
+async def test_a_key_the_fetch_does_not_answer_fails_its_caller_alone() -> None:
+    async def partial(keys: list[int]) -> dict[int, int]:
+        return {key: key for key in keys if key != 13}
+
+    coalescer = Coalescer(partial)
+    results = await asyncio.gather(coalescer.get(13), coalescer.get(1), return_exceptions=True)
+    assert isinstance(results[0], LookupError) and results[1] == 1
+
+
 async def test_a_caller_that_leaves_cancels_only_itself() -> None:
     fetch = Lookups()
     coalescer = Coalescer(fetch, concurrency=1)

@@ -7,7 +7,6 @@ import gc
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
 
 from app.agent.tools import ToolRegistry, default_registry
 from app.bus import Bus
@@ -16,7 +15,7 @@ from app.config import Settings
 from app.db.pool import Connection, Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
 from app.store import events as event_store
-from app.store.events import Pages, PageWant
+from app.store.events import PageRows, Pages, PageWant
 from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import PAGE_ROWS, FeedHub, Heads
 from app.streams.sse import StreamSlots
@@ -39,9 +38,9 @@ def calm_garbage_collector() -> None:
     gc.freeze()
 
 
-# One coalesced read of session logs takes this many pages at most, and at most this many bytes
-# of events (a page is a write's worth, FERRYMAN_STREAM_WRITE_BYTES), so that streams reading
-# big backlogs at once hold no more than that per query.
+# One coalesced read of a log (sessions' or owners') takes this many pages at most, and at most
+# this many bytes of events (a page is a write's worth, FERRYMAN_STREAM_WRITE_BYTES), so that
+# streams reading big backlogs at once hold no more than that per query.
 READ_BATCH_PAGES = 500
 READ_BATCH_BYTES = 4 * 1_048_576
 
@@ -85,8 +84,8 @@ class Services:
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     # The streams' reads of the logs, and of the session feeds' heads, coalesced
     # (app/coalesce.py).
-    session_pages: Coalescer[PageWant, tuple[list[dict[str, Any]], bool]] = field(init=False)
-    owner_pages: Coalescer[PageWant, tuple[list[dict[str, Any]], bool]] = field(init=False)
+    session_pages: Coalescer[PageWant, PageRows] = field(init=False)
+    owner_pages: Coalescer[PageWant, PageRows] = field(init=False)
     session_heads: Coalescer[str, tuple[int, bool]] = field(init=False)
     _local_tools: ToolRegistry | None = None
     _supervisor: EmbeddedSupervisor | None = None

@@ -210,8 +210,9 @@ _OWNER_PAGES = _PAGES.format(
 
 # A wanted page: (session id or owner id, after, max bytes).
 PageWant = tuple[Any, int, int]
-# Each wanted page's rows, and whether its log's subject is gone.
-Pages = dict[PageWant, tuple[list[dict[str, Any]], bool]]
+# A page's rows, and whether its log's subject is gone.
+PageRows = tuple[list[dict[str, Any]], bool]
+Pages = dict[PageWant, PageRows]
 
 
 async def read_session_pages(conn: Connection, wants: list[PageWant], limit: int) -> Pages:

@@ -100,11 +100,11 @@ def create_app(
     web.install(app)
 
     app.add_middleware(RequestMetrics)
-    app.add_middleware(ServerSend)  # outside every middleware that wraps `send`
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.auth_mode == "local":
-        # Outermost: a request local mode refuses reaches nothing else.
+        # Outside the rest: a request local mode refuses reaches nothing else.
         app.add_middleware(LocalOnly, extra_hosts=settings.local_hosts.split(","))
+    app.add_middleware(ServerSend)  # outside every middleware that wraps `send` or `receive`
     return app
 
 

@@ -15,13 +15,19 @@ from starlette.types import Receive, Scope, Send
 
 from app.api import streams
 from app.cli import main
+from app.streams.sse import DirectWrites
 
 
 class SseStarletteResponse(EventSourceResponse):
     """What `EventStreamResponse` promises (the stream closed and the slot released however it
     ends), on sse-starlette's machinery."""
 
-    def __init__(self, body: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        release: Callable[[], None],
+        direct: DirectWrites | None = None,  # never set: every frame goes through sse-starlette
+    ) -> None:
         super().__init__(body, ping=0, headers=streams.SSE_HEADERS)
         self.stream = body
         self.release = release

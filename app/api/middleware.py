@@ -85,11 +85,15 @@ def _too_large_detail(max_bytes: int) -> str:
 # chunk of every stream. So no middleware inside ServerSend may rewrite bodies (SSE must not
 # be compressed anyway).
 SERVER_SEND = "ferryman.server_send"
+# Scope key of the server's own request object (uvicorn's request-response cycle, which its
+# `receive` is a method of), through which an SSE stream may write to the connection directly
+# (app/api/streams.py `uvicorn_direct_write`).
+SERVER_CONNECTION = "ferryman.server_connection"
 
 
 class ServerSend:
-    """Puts its `send` in the scope under SERVER_SEND; add it outside every middleware that
-    wraps `send`."""
+    """Puts its `send` in the scope under SERVER_SEND, and the server's request object under
+    SERVER_CONNECTION; add it outside every middleware that wraps `send` or `receive`."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -97,6 +101,7 @@ class ServerSend:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             scope[SERVER_SEND] = send
+            scope[SERVER_CONNECTION] = getattr(receive, "__self__", None)
         await self.app(scope, receive, send)
 
 

@@ -11,16 +11,16 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamOwner
-from app.api.middleware import SERVER_SEND
+from app.api.middleware import SERVER_CONNECTION, SERVER_SEND
 from app.api.openapi import problems
 from app.api.sessions import ANY_ERRORS, SessionId, parse_session_id
 from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import owner_key, session_key
-from app.streams.feed import FeedSource, Page
+from app.streams.feed import DirectWrite, FeedSource, Page
 from app.streams.frames import owner_event, parse_cursor, resync_reason, session_event
-from app.streams.sse import StreamOptions, event_stream, resync_stream
+from app.streams.sse import DirectWrites, StreamOptions, event_stream, resync_stream
 
 router = APIRouter(prefix="/api/agent", tags=["streams"])
 
@@ -48,15 +48,23 @@ class EventStreamResponse(StreamingResponse):
     the stream, and calls `release`, however it ends (the client left, the stream closed, the
     process shut down)."""
 
-    def __init__(self, body: AsyncGenerator[bytes, None], release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        release: Callable[[], None],
+        direct: DirectWrites | None = None,
+    ) -> None:
         super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
         self.stream = body
         self.release = release
+        self.direct = direct
         self.client_gone = False
         self.body_send: Send | None = None
+        self.connection: object = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.body_send = scope.get(SERVER_SEND)
+        self.connection = scope.get(SERVER_CONNECTION)
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -71,6 +79,8 @@ class EventStreamResponse(StreamingResponse):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        if self.direct is not None:
+            self.direct.write = uvicorn_direct_write(self.connection)
         send = self.body_send or send
         async for chunk in self.stream:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -86,11 +96,45 @@ class EventStreamResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _sse(services: Services, owner: str, body: AsyncGenerator[bytes, None]) -> StreamingResponse:
+def uvicorn_direct_write(connection: object) -> DirectWrite | None:
+    """A write straight to the connection of uvicorn's httptools request cycle, framed as its
+    `send` frames a chunk of a chunked response, and refused (False) whenever `send` would
+    wait or drop it: the transport over its high-water mark, the client gone. None for any
+    other server or response, whose streams then take the ASGI path alone.
+
+    uvicorn's own objects, not ASGI: what it saves is the stream's task and its response's
+    send path at every event (half a delivery's cost at 1,000 streams of one feed), and
+    `tests/test_streams.py` checks the bytes against a real uvicorn."""
+    if type(connection).__module__ != "uvicorn.protocols.http.httptools_impl":
+        return None
+    transport = getattr(connection, "transport", None)
+    flow = getattr(connection, "flow", None)
+    if (
+        transport is None
+        or flow is None
+        or getattr(connection, "chunked_encoding", None) is not True
+    ):
+        return None
+
+    def write(chunk: bytes) -> bool:
+        if flow.write_paused or getattr(connection, "disconnected", True) or transport.is_closing():
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+    return write
+
+
+def _sse(
+    services: Services,
+    owner: str,
+    body: AsyncGenerator[bytes, None],
+    direct: DirectWrites | None = None,
+) -> StreamingResponse:
     """Take one of the owner's stream slots (429 when none is left) for the response's life.
     Called last, after every await of the endpoint, so no error can strand a slot."""
     services.slots.take(owner)
-    return EventStreamResponse(body, lambda: services.slots.give_back(owner))
+    return EventStreamResponse(body, lambda: services.slots.give_back(owner), direct)
 
 
 def _options(services: Services, follow: bool = True) -> StreamOptions:
@@ -147,8 +191,9 @@ async def stream_owner_events(
         if reason is not None:
             return _sse(services, owner, resync_stream(reason, cursor, last_id, options))
     source = owner_source(services, owner)
-    stream = event_stream("owner", services.hub, source, cursor, options, services.shutdown)
-    return _sse(services, owner, stream)
+    direct = DirectWrites()
+    stream = event_stream("owner", services.hub, source, cursor, options, services.shutdown, direct)
+    return _sse(services, owner, stream, direct)
 
 
 @router.get(
@@ -175,5 +220,8 @@ async def stream_session_events(
     if cursor is not None and cursor > last_seq:
         return _sse(services, owner, resync_stream("cursor_ahead", cursor, last_seq, options))
     source = session_source(services, sid)
-    stream = event_stream("session", services.hub, source, cursor or 0, options, services.shutdown)
-    return _sse(services, owner, stream)
+    direct = DirectWrites()
+    stream = event_stream(
+        "session", services.hub, source, cursor or 0, options, services.shutdown, direct
+    )
+    return _sse(services, owner, stream, direct)

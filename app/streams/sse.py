@@ -14,7 +14,7 @@ from prometheus_client import Gauge
 from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import TooManyStreams
-from app.streams.feed import FeedHub, FeedSource
+from app.streams.feed import DirectWrite, FeedHub, FeedSource, Follower
 from app.streams.frames import (
     PING,
     Ephemeral,
@@ -28,6 +28,14 @@ from app.streams.frames import (
 )
 
 OPEN_STREAMS = Gauge("ferryman_sse_streams_open", "Open SSE streams", ["kind"])
+
+
+@dataclass
+class DirectWrites:
+    """A response's way for its stream's feed to write to the connection directly
+    (`Feed.park`): set once the response has started, None while the server offers none."""
+
+    write: DirectWrite | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ async def event_stream(
     cursor: int,
     options: StreamOptions,
     shutdown: asyncio.Event,
+    direct: DirectWrites | None = None,
 ) -> AsyncGenerator[bytes, None]:
     OPEN_STREAMS.labels(kind).inc()
     try:
@@ -131,6 +140,20 @@ async def event_stream(
                 return
             ephemeral_seen = feed.ephemeral_count
             held: list[Ephemeral] = []  # deltas taken, waiting for the event they follow
+
+            async def rest(
+                generation: int, cursor: int, settled: int, seen: int
+            ) -> tuple[int, int, int]:
+                """Wait for the feed with nothing held: parked (`Feed.park`) when the
+                response can be written to directly, the feed then moving the stream's
+                position (cursor, settled, deltas seen) on as it writes."""
+                if direct is None or direct.write is None:
+                    await feed.wait(generation)
+                    return cursor, settled, seen
+                parked = Follower(direct.write, cursor, settled, seen)
+                await feed.park(parked, generation)
+                return parked.cursor, parked.settled, parked.ephemeral_seen
+
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
                 generation = feed.generation
@@ -178,7 +201,9 @@ async def event_stream(
                         # than look again (a turn less per delivery); a wake-up with nothing
                         # to send will ping, as after any turn that sent.
                         sent = False
-                        await feed.wait(generation)
+                        cursor, settled, ephemeral_seen = await rest(
+                            generation, cursor, settled, ephemeral_seen
+                        )
                     else:
                         sent = True
                     continue
@@ -190,6 +215,11 @@ async def event_stream(
                     yield PING
                 sent = False
                 # Woken by a change, the feed's tick, or shutdown (watch_shutdown above).
-                await feed.wait(generation)
+                if held:
+                    await feed.wait(generation)
+                else:
+                    cursor, settled, ephemeral_seen = await rest(
+                        generation, cursor, settled, ephemeral_seen
+                    )
     finally:
         OPEN_STREAMS.labels(kind).dec()

@@ -81,13 +81,29 @@ async def test_a_parked_stream_is_written_to_without_waking() -> None:
     await asyncio.sleep(0)
     assert not task.done() and follower.cursor == 3
     assert connection.chunks == [_event(1).live, _event(2).live + _event(3).live]
-    # A delta after the event it follows goes straight out too.
-    _delta(feed, 3, "Hel")
-    assert not task.done() and b'"Hel"' in connection.chunks[-1]
-    assert follower.ephemeral_seen == feed.ephemeral_count
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert not feed.followers  # a stream that leaves unparks
+
+
+async def test_a_delta_wakes_the_stream_and_goes_with_the_next_event_it_precedes() -> None:
+    """A token delta is not written directly (the stream's own loop sends the ones that piled
+    up in one write); a delta already taken when an event comes goes out before it."""
+    feed, connection = _feed(), Connection()
+    follower, task = await _parked(feed, connection)
+    _delta(feed, 0, "Hel")
+    await asyncio.wait_for(task, 1)
+    assert connection.chunks == [] and follower.ephemeral_seen == 0
+    _publish(feed, _event(1))  # nobody parked: only buffered
+    follower = Follower(connection.write, 0, 0, 0)  # as a stream that took nothing yet
+    task = asyncio.create_task(feed.park(follower, feed.generation))
+    await asyncio.sleep(0)
+    _publish(feed, _event(2))
+    await asyncio.sleep(0)
+    assert not task.done() and follower.cursor == 2
+    assert connection.chunks[0].index(b'"Hel"') < connection.chunks[0].index(b"id: 1")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_what_a_direct_write_cannot_do_wakes_the_stream() -> None:
@@ -109,7 +125,7 @@ async def test_what_a_direct_write_cannot_do_wakes_the_stream() -> None:
     _publish(feed, *[Event.of(n, "tool_result", {"pad": "x" * 600}) for n in (2, 3)])
     await asyncio.wait_for(task, 1)
     # The keep-alive tick, the feed's close: woken too.
-    for wake in (lambda: feed._announce(tick=True), lambda: setattr(feed, "closed", True)):
+    for wake in (lambda: feed._announce(push=False), lambda: setattr(feed, "closed", True)):
         follower, task = await _parked(feed, connection)
         wake()
         feed._announce()
@@ -118,11 +134,16 @@ async def test_what_a_direct_write_cannot_do_wakes_the_stream() -> None:
 
 async def test_a_late_delta_of_a_settled_turn_is_dropped_as_the_loop_drops_it() -> None:
     feed, connection = _feed(), Connection()
-    follower, task = await _parked(feed, connection)
+    _delta(feed, 0, "already in the message")  # its notification was late
+    follower = Follower(connection.write, 0, 1, 0)  # the stream sent the turn's end (1)
     _publish(feed, _event(1, "assistant_message"))
-    _delta(feed, 0, "already in the message")
-    assert not task.done() and connection.chunks == [_event(1, "assistant_message").live]
-    assert follower.settled == 1 and follower.ephemeral_seen == feed.ephemeral_count
+    follower.cursor = 1
+    task = asyncio.create_task(feed.park(follower, feed.generation))
+    await asyncio.sleep(0)
+    _publish(feed, _event(2, "session_end"))
+    await asyncio.sleep(0)
+    assert not task.done() and connection.chunks == [_event(2, "session_end").live]
+    assert follower.ephemeral_seen == feed.ephemeral_count
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

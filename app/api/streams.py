@@ -103,8 +103,9 @@ def uvicorn_direct_write(connection: object) -> DirectWrite | None:
     other server or response, whose streams then take the ASGI path alone.
 
     uvicorn's own objects, not ASGI: what it saves is the stream's task and its response's
-    send path at every event (half a delivery's cost at 1,000 streams of one feed), and
-    `tests/test_streams.py` checks the bytes against a real uvicorn."""
+    send path at every event (half a delivery's cost at 1,000 streams of one feed). Every
+    stream test runs on a real uvicorn, so on these bytes; `tests/test_direct_writes.py`
+    fails if the path is never taken."""
     if type(connection).__module__ != "uvicorn.protocols.http.httptools_impl":
         return None
     transport = getattr(connection, "transport", None)

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from app.store.notify import STREAMS_CHANNEL
 from app.store.runs import CLAIM_SQL, claim_params
@@ -103,8 +104,63 @@ def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
         )
         cursors = dict(conn.execute("SELECT owner_id, last_id FROM owner_cursors").fetchall())
         assert cursors == {"a": 10, "b": 1}
-        keys = {note.payload for note in conn.notifies(timeout=1, stop_after=2)}
-        assert keys == {"o:a", "o:b"}
+        keys = {note.payload for note in conn.notifies(timeout=1, stop_after=6)}
+        claimed = {f"s:{row[0]}" for row in rows}  # and each one's `session_start`
+        assert keys == {"o:a", "o:b"} | claimed
         # The rest, and then nothing.
         assert [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4})] == ["s4"]
         assert conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4}).fetchall() == []
+
+
+def test_a_first_claim_logs_session_start_and_brings_it_in_the_head() -> None:
+    """A session's first claim logs its `session_start` after the events it has and brings it
+    in the head, so the run writes nothing before the model is first asked; a later claim (a
+    resume) logs nothing: its run writes `session_resumed`. A head that stops short of the log
+    leaves the event out, and the run reads the log."""
+    with (
+        fresh_database("ferryman_claim_start") as url,
+        psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn,
+    ):
+        conn.execute("INSERT INTO workers (id, pid, hostname) VALUES ('w:1', 1, 'test')")
+        session_id = conn.execute(
+            "INSERT INTO sessions (id, owner_id, title, status, model, prompt, last_seq)"
+            " VALUES (gen_random_uuid(), 'o', 't', 'queued', 'scripted', 'p', 1) RETURNING id"
+        ).fetchone()["id"]
+        conn.execute(
+            "INSERT INTO session_events (session_id, seq, attempt, type, data)"
+            " VALUES (%s, 1, 0, 'user_message', '{\"text\": \"hi\"}')",
+            (session_id,),
+        )
+        params = {**CLAIM_PARAMS, "worker": "w:1", "pid": 42}
+        row = conn.execute(CLAIM_SQL, params).fetchone()
+        assert row is not None and row["attempt"] == 1 and row["last_seq"] == 2
+        start = {"workerId": "w:1", "pid": 42, "attempt": 1}
+        assert row["head"] == [
+            {"seq": 1, "type": "user_message", "data": {"text": "hi"}},
+            {"seq": 2, "type": "session_start", "data": start},
+        ]
+        logged = conn.execute(
+            "SELECT seq, attempt, type, data FROM session_events WHERE session_id = %s"
+            " ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+        assert logged[-1] == {"seq": 2, "attempt": 1, "type": "session_start", "data": start}
+
+        conn.execute("UPDATE sessions SET lease_expires_at = clock_timestamp() - interval '1s'")
+        again = conn.execute(CLAIM_SQL, params).fetchone()
+        assert again is not None and again["attempt"] == 2 and again["last_seq"] == 2
+        assert [event["seq"] for event in again["head"]] == [1, 2]
+
+        # A head cut short by its byte bound does not get the event: the run reads its log.
+        other = conn.execute(
+            "INSERT INTO sessions (id, owner_id, title, status, model, prompt, last_seq)"
+            " VALUES (gen_random_uuid(), 'o', 'big', 'queued', 'scripted', 'p', 1) RETURNING id"
+        ).fetchone()["id"]
+        conn.execute(
+            "INSERT INTO session_events (session_id, seq, attempt, type, data)"
+            " VALUES (%s, 1, 0, 'user_message', jsonb_build_object('text', repeat('x', 100)))",
+            (other,),
+        )
+        cut = conn.execute(CLAIM_SQL, {**params, "head_bytes": 10}).fetchone()
+        assert cut is not None and cut["id"] == other and cut["last_seq"] == 2
+        assert cut["head"] is None

@@ -44,6 +44,13 @@ def progress() -> runs.Batch:
     return written
 
 
+def noted() -> runs.Batch:
+    """A tool's result and the note the tool put."""
+    written = batch("tool_result")
+    written.put_note("k", "late")
+    return written
+
+
 def delivered_only() -> runs.Batch:
     written = runs.Batch()
     written.deliver(99)
@@ -54,7 +61,7 @@ WRITES: dict[str, Write] = {
     "events": lambda c, f, r: runs.send_batch(c, f, r["id"], batch("assistant_message", "x")),
     "events_with_progress": lambda c, f, r: runs.send_batch(c, f, r["id"], progress()),
     "session_row_only": lambda c, f, r: runs.send_batch(c, f, r["id"], delivered_only()),
-    "put_note": lambda c, f, r: runs.put_note(c, f, r["id"], "k", "late"),
+    "note": lambda c, f, r: runs.send_batch(c, f, r["id"], noted()),
     "finish": lambda c, f, r: runs.finish(c, f, r, Status.SUCCEEDED, batch("assistant_message")),
     "release": lambda c, f, r: runs.release(c, f, r, "shutdown", batch("tool_result")),
 }

@@ -17,6 +17,8 @@ from app.store.events import Fence, fence_errors
 from tests.support import claimed_session, database_with_worker
 
 WORKER = "finisher:1"
+# A claimed session's log: its message, and the `session_start` its first claim logged.
+STARTED = ["user_message", "session_start"]
 
 
 @pytest.fixture  # one per test: a session one re-queues must not be the next one's claim
@@ -67,8 +69,8 @@ async def test_a_plain_end_writes_the_batch_then_session_end(database: Database)
     row = await claimed_session(database, WORKER)
     settled, sent = await finish(database, row, Status.SUCCEEDED)
     assert settled == Status.SUCCEEDED
-    assert await log_of(database, row) == ["user_message", "assistant_message", "session_end"]
-    assert sent["seq"] == 3  # the last event the statement wrote
+    assert await log_of(database, row) == [*STARTED, "assistant_message", "session_end"]
+    assert sent["seq"] == 4  # the last event the statement wrote
     assert await statuses(database, row) == ("succeeded", ["running", "succeeded"])
 
 
@@ -78,7 +80,7 @@ async def test_an_unseen_follow_up_keeps_the_run_going(database: Database) -> No
         await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
     settled, _ = await finish(database, row, Status.SUCCEEDED)
     assert settled is None  # the run goes on to answer it: only the batch was written
-    assert await log_of(database, row) == ["user_message", "user_message", "assistant_message"]
+    assert await log_of(database, row) == [*STARTED, "user_message", "assistant_message"]
     assert await statuses(database, row) == ("running", ["running"])
 
 
@@ -121,8 +123,8 @@ async def at_once(db: Database, row: dict[str, Any], status: Status) -> dict[str
 async def test_at_once_a_plain_end_is_one_statement(database: Database) -> None:
     row = await claimed_session(database, WORKER)
     written = await at_once(database, row, Status.SUCCEEDED)
-    assert (written["written"], written["seq"]) == (1, 3)
-    assert await log_of(database, row) == ["user_message", "assistant_message", "session_end"]
+    assert (written["written"], written["seq"]) == (1, 4)
+    assert await log_of(database, row) == [*STARTED, "assistant_message", "session_end"]
     assert await statuses(database, row) == ("succeeded", ["running", "succeeded"])
 
 

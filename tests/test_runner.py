@@ -267,6 +267,46 @@ async def test_unknown_tool_and_invalid_arguments_are_error_results(
         assert "unknown tool" in restricted_results[0]["data"]["content"]
 
 
+async def test_a_note_commits_with_the_result_of_the_call_that_put_it(
+    api: ServerProcess, isolated_db: str, key: str, shared_worker: WorkerProcess
+) -> None:
+    """A note is written with the result of the tool call that put it, in one transaction (a
+    crash between the two can leave neither, never one), and later calls read it back."""
+    await ready(shared_worker)
+    put = {"name": "put_note", "arguments": {"key": "k", "text": "one"}}
+    script = [
+        {
+            "toolCalls": [
+                put,
+                {"name": "get_note", "arguments": {"key": "k"}},
+                {"name": "put_note", "arguments": {"key": "k", "text": "two"}},
+            ]
+        },
+        {"toolCalls": [{"name": "get_note", "arguments": {"key": "k"}}]},
+        {"text": "done"},
+    ]
+    async with client(api.url, key) as http:
+        sid = await new_session(http, script=script)
+        assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
+        results = [r["data"] for r in of_type(await transcript(http, sid), "tool_result")]
+    assert [json.loads(r["content"])["text"] for r in results if r["name"] == "get_note"] == [
+        "one",
+        "two",
+    ]
+    rows = await query(
+        isolated_db,
+        "SELECT xmin::text AS tx FROM session_events WHERE session_id = %s"
+        " AND type = 'tool_result' AND data->>'name' = 'put_note' ORDER BY seq",
+        (uuid.UUID(sid),),
+    )
+    notes = await query(
+        isolated_db,
+        "SELECT text, xmin::text AS tx FROM notes WHERE session_id = %s",
+        (uuid.UUID(sid),),
+    )
+    assert notes == [{"text": "two", "tx": rows[-1]["tx"]}]
+
+
 # --- waiting, follow-ups, steering --------------------------------------------------------
 
 

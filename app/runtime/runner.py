@@ -252,7 +252,8 @@ class Run:
         self.awaiting = list(plan.awaiting)
         self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
         self.not_rerun = self.interrupted_side_effects(plan)
-        # The run's start goes with its first write (before the model is first asked).
+        # The run's start goes with its first write (before the model is first asked), unless
+        # the claim logged it (a session's first).
         for repaired in plan.repairs:
             self.defer("tool_result", repaired.wire())
         run_info = {
@@ -262,6 +263,8 @@ class Run:
         }
         if last_run_event is None:
             self.defer(SessionEventType.SESSION_START, run_info)
+        elif _started_by_claim(last_run_event, self.row["attempt"]):
+            self.written_seq = int(last_run_event["seq"])
         else:
             reason = resume_reason([last_run_event])
             resumed = {
@@ -554,13 +557,13 @@ class Run:
             call_id=call.id,
             idempotency_key=f"{self.session_id}:{call.id}",
             attempt=self.row["attempt"],
-            notes=FencedNotes(self.ctx.db, self.fence, self.session_id),
+            notes=RunNotes(self),
         )
         try:
             content = await self.interruptible(
                 asyncio.wait_for(tool.run(call.arguments, context), timeout)
             )
-        except (RunAborted, FenceRefused):
+        except RunAborted:
             raise
         except TimeoutError:
             return ToolResult(
@@ -625,6 +628,13 @@ _RUN_EVENTS = frozenset(
 )
 
 
+def _started_by_claim(row: dict[str, Any], attempt: int) -> bool:
+    """Whether `row` is this run's `session_start`, which a session's first claim logs."""
+    return bool(
+        row["type"] == SessionEventType.SESSION_START and row["data"].get("attempt") == attempt
+    )
+
+
 def undelivered_last(history: list[Message], delivered_seq: int) -> list[Message]:
     """Move user messages the model never saw (logged during the last turn, after it read the
     log) behind everything it did see: otherwise a follow-up that came in during the final
@@ -657,16 +667,21 @@ def _question(arguments: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-class FencedNotes:
-    def __init__(self, db: Database, fence: Fence, session_id: UUID) -> None:
-        self.db, self.fence, self.session_id = db, fence, session_id
+class RunNotes:
+    """The session's notes, as a run's tools see them. A note is written with the run's next
+    write, the result of the tool that put it: the two commit together, or neither does (a
+    crash in between re-runs the tool, and the note with it). A read sees the run's own
+    notes not written yet."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
 
     async def put(self, key: str, text: str) -> None:
-        # One statement: no transaction around it.
-        with fence_errors():
-            async with self.db.connection() as conn:
-                await runs.put_note(conn, self.fence, self.session_id, key, text)
+        self.run.pending.put_note(key, text)
 
     async def get(self, key: str) -> str | None:
-        async with self.db.connection() as conn:
-            return await runs.get_note(conn, self.session_id, key)
+        pending = self.run.pending.notes.get(key)
+        if pending is not None:
+            return pending
+        async with self.run.ctx.db.connection() as conn:
+            return await runs.get_note(conn, self.run.session_id, key)

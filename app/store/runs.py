@@ -18,11 +18,13 @@ from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
 from app.store.events import FENCE, FENCED, Cursor, Fence, owner_event_ctes
 from app.store.notify import (
+    SESSION_KEY_PREFIX,
     STREAMS_CHANNEL,
     WORK_KEY,
     WORKERS_KEY,
     ephemeral_payloads,
     notify,
+    notifying,
     session_key,
 )
 from app.store.sessions import SESSION_COLUMNS
@@ -107,12 +109,18 @@ async def next_peer(conn: Connection, worker_id: str) -> int | None:
     return int(row["lock_key"]) if row else None
 
 
-async def await_death(conn: Connection, key: int) -> None:
-    """Block until the liveness lock `key` is free, which happens the instant its holder's
-    connection ends; then let go at once (a lock held here would make the dead worker look
-    alive to `reap_dead_workers`)."""
-    await conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (WORKER_LOCK_NAMESPACE, key))
-    await conn.execute("SELECT pg_advisory_unlock_shared(%s, %s)", (WORKER_LOCK_NAMESPACE, key))
+async def liveness_lock_free(conn: Connection, key: int) -> bool:
+    """Whether the liveness lock `key` is free, which it is the instant its holder's connection
+    ends: taken shared and let go in one statement that waits for nothing. (A statement blocked
+    on the lock would hold its snapshot for as long as it waited, and with it every row version
+    deleted meanwhile in the whole database: no HOT pruning, no vacuum.)"""
+    cur = await conn.execute(
+        "SELECT CASE WHEN pg_try_advisory_lock_shared(%(ns)s, %(key)s)"
+        " THEN pg_advisory_unlock_shared(%(ns)s, %(key)s) ELSE false END AS free",
+        {"ns": WORKER_LOCK_NAMESPACE, "key": key},
+    )
+    row = await cur.fetchone()
+    return bool(row and row["free"])
 
 
 async def reap_and_wake(conn: Connection) -> list[str]:
@@ -161,6 +169,11 @@ async def heartbeat(
 # locked for the statement only, not across round trips), and counts each session's claims
 # since its last `session_end` (what `maxAttempts` bounds: `attempt` itself only grows, since
 # it fences, so follow-ups that re-queue a finished session do not use up the budget).
+#
+# A session's first claim also logs its `session_start` (`started`): the run's start is durable
+# and on its stream at once, without a write of the run's own before the model is first asked.
+# Rows a statement inserts are invisible to its own reads, so the head gets that event appended,
+# when the head reaches the event before it (else the run reads its log, which then has it).
 CLAIM_SQL = f"""
     WITH candidate AS (
         SELECT s.id FROM sessions s
@@ -179,11 +192,20 @@ CLAIM_SQL = f"""
     ), claimed AS (
         UPDATE sessions s SET
             status = 'running', attempt = s.attempt + 1,
+            last_seq = s.last_seq + (s.attempt = 0)::integer,
             lease_worker_id = %(worker)s, lease_pid = %(pid)s,
             lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
             updated_at = clock_timestamp()
         FROM candidate WHERE s.id = candidate.id
         RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
+    ), started AS (
+        INSERT INTO session_events (session_id, seq, attempt, type, data)
+        SELECT s.id, s.last_seq, s.attempt, '{SessionEventType.SESSION_START}',
+               jsonb_build_object('workerId', %(worker)s::text, 'pid', %(pid)s::integer,
+                                  'attempt', s.attempt)
+        FROM claimed s WHERE s.attempt = 1
+        RETURNING session_id, seq, type, data,
+            {notifying(f"'{SESSION_KEY_PREFIX}' || session_id")} AS notified
     ), {
     owner_event_ctes(
         "claimed",
@@ -195,12 +217,21 @@ CLAIM_SQL = f"""
         SELECT e.attempt FROM session_events e
         WHERE e.session_id = s.id AND e.type = '{SessionEventType.SESSION_END}'
         ORDER BY e.seq DESC LIMIT 1), 0) AS claims,
-      (SELECT jsonb_agg(jsonb_build_object('seq', e.seq, 'type', e.type, 'data', e.data)
-                        ORDER BY e.seq)
-       FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
-             FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
-       WHERE e.upto <= %(head_bytes)s) AS head
-    FROM claimed s ORDER BY s.created_at
+      CASE WHEN st.seq IS NULL THEN h.events
+           WHEN coalesce(h.last, 0) = st.seq - 1 THEN coalesce(h.events, '[]'::jsonb)
+               || jsonb_build_array(jsonb_build_object('seq', st.seq, 'type', st.type,
+                                                       'data', st.data))
+      END AS head
+    FROM claimed s
+    LEFT JOIN started st ON st.session_id = s.id
+    CROSS JOIN LATERAL (
+        SELECT jsonb_agg(jsonb_build_object('seq', e.seq, 'type', e.type, 'data', e.data)
+                         ORDER BY e.seq) AS events,
+               max(e.seq) AS last
+        FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
+              FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
+        WHERE e.upto <= %(head_bytes)s) h
+    ORDER BY s.created_at
 """
 # The start of each claimed session's log the claim brings along (`head`), at most this many
 # events and bytes of data: a new session's whole log, so its run need not read it again.
@@ -232,11 +263,12 @@ async def claim(
     limit: int = 1,
 ) -> list[dict[str, Any]]:
     """Claim up to `limit` sessions: queued ones, or running ones whose lease expired, was
-    released, or whose worker is dead. Adds 1 to each `attempt`; times come from the database
-    clock. Each row carries `claims`, the claims since a run last closed with `session_end`
-    (counting this one), and `head`, the start of its log as a list of `{seq, type, data}`
-    (CLAIM_HEAD_EVENTS, CLAIM_HEAD_BYTES; it may stop short of `last_seq`: the claim's snapshot
-    may predate an event written just before it took the lock).
+    released, or whose worker is dead. Adds 1 to each `attempt`, and logs `session_start` for a
+    session's first; times come from the database clock. Each row carries `claims`, the claims
+    since a run last closed with `session_end` (counting this one), and `head`, the start of
+    its log as a list of `{seq, type, data}` (CLAIM_HEAD_EVENTS, CLAIM_HEAD_BYTES; it may stop
+    short of `last_seq`: the claim's snapshot may predate an event written just before it took
+    the lock).
 
     `busy`: the sessions this worker still has a run of (one that lost its lease and has not
     noticed yet): it must not take them back before that run is gone, or the two would share
@@ -253,8 +285,9 @@ async def claim(
 @dataclass
 class Batch:
     """A run's writes not sent yet, sent as one fenced statement (`send_batch`): its events in
-    order, changes to the session row, owner events about it, and frames that are not logged
-    (token deltas), notified before the events they precede."""
+    order, changes to the session row, owner events about it, the session's notes the run's
+    tools wrote, and frames that are not logged (token deltas), notified before the events
+    they precede."""
 
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     owner_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -262,9 +295,13 @@ class Batch:
     # Session row changes: column -> SQL expression, with the parameters they name.
     assignments: dict[str, str] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    # Notes by key (the last text put wins).
+    notes: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.owner_events or self.ephemerals or self.assignments)
+        return bool(
+            self.events or self.owner_events or self.ephemerals or self.assignments or self.notes
+        )
 
     def add(self, type_: str, data: dict[str, Any]) -> None:
         self.events.append((type_, data))
@@ -287,6 +324,9 @@ class Batch:
             self.params[column] = self.params.get(column, 0) + tokens
             self.assignments[f"{column}_tokens"] = f"{column}_tokens + %({column})s"
 
+    def put_note(self, key: str, text: str) -> None:
+        self.notes[key] = text
+
     def set_stage(self, stage: str | None) -> None:
         self.params["stage"] = stage
         self.assignments["active_stage"] = "%(stage)s"
@@ -298,6 +338,7 @@ class Batch:
             list(self.ephemerals),
             dict(self.assignments),
             dict(self.params),
+            dict(self.notes),
         )
 
 
@@ -316,6 +357,12 @@ _BATCH_SQL = """
         FROM bumped b,
              unnest(%(types)s::text[], %(datas)b::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
         RETURNING seq
+    ), noted AS (
+        INSERT INTO notes (session_id, key, text, attempt)
+        SELECT b.id, n.key, n.text, b.attempt
+        FROM bumped b, unnest(%(note_keys)b::text[], %(note_texts)b::text[]) AS n(key, text)
+        ON CONFLICT (session_id, key) DO UPDATE
+            SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()
     ), notified AS MATERIALIZED (
         SELECT count(pg_notify('{channel}', payload)) AS n
         FROM unnest(%(payloads)b::text[] || %(notify_key)s::text) AS payload
@@ -357,6 +404,8 @@ async def send_batch(
         "datas": [Jsonb(data) for _, data in batch.events],
         "owner_types": [type_ for type_, _ in batch.owner_events],
         "owner_datas": [Jsonb(data) for _, data in batch.owner_events],
+        "note_keys": list(batch.notes),
+        "note_texts": list(batch.notes.values()),
     }
     return await conn.execute(query, params)
 
@@ -519,24 +568,6 @@ async def cancel_requested(conn: Connection, session_id: UUID) -> bool:
     )
     row = await cur.fetchone()
     return bool(row and row["c"])
-
-
-async def put_note(conn: Connection, fence: Fence, session_id: UUID, key: str, text: str) -> None:
-    """Upsert a note, fenced: the session row is share-locked and checked in the statement."""
-    cur = await conn.execute(
-        f"""
-        INSERT INTO notes (session_id, key, text, attempt)
-        SELECT id, %(key)s, %(text)s, attempt FROM sessions
-        WHERE id = %(id)s AND {FENCED}
-        FOR SHARE
-        ON CONFLICT (session_id, key) DO UPDATE
-            SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()
-        RETURNING key
-        """,
-        {"id": session_id, "key": key, "text": text, **fence.params()},
-    )
-    if await cur.fetchone() is None:
-        raise FenceRefused(f"lease on {session_id} lost")
 
 
 async def get_note(conn: Connection, session_id: UUID, key: str) -> str | None:

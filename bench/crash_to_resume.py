@@ -3,10 +3,10 @@ call (`sleep`) and measure from the kill until `session_resumed` reaches an SSE 
 the session stream. Repeats `--runs` times and prints p50/p90/p99/max.
 
 What it measures end to end: the dead worker's PostgreSQL backend noticing the closed socket and
-dropping the liveness lock, the surviving worker's death watch waking, reaping the dead worker
-and sending NOTIFY `work` (the claim poll, FERRYMAN_CLAIM_INTERVAL, is only the fallback), a
-claim, the resume plan and repair written, NOTIFY, the API process re-reading the log, the SSE
-frame.
+dropping the liveness lock, the surviving worker's death watch seeing it free (it looks every
+0.1 s), reaping the dead worker and sending NOTIFY `work` (the claim poll,
+FERRYMAN_CLAIM_INTERVAL, is only the fallback), a claim, the resume plan and repair written,
+NOTIFY, the API process re-reading the log, the SSE frame.
 
 Each resumed session replays its interrupted `sleep`, so it keeps a slot for another 3 s while
 the next runs go on. With too few slots (`--concurrency`) the survivor is full when the next

@@ -2,7 +2,7 @@
 
 The pool may go through a transaction-mode pooler (PgBouncer): then each transaction may run on
 another server connection, so the pool keeps no session state there. What needs a session of its
-own (LISTEN, the workers' liveness locks and the death watch's waits on them, migrations) connects
+own (LISTEN, the workers' liveness locks and the death watch's looks at them, migrations) connects
 to `direct_url` instead (docs/deploy.md).
 """
 

@@ -144,7 +144,7 @@ class Worker:
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
-        # The liveness lock and the death watch's waits on its peer's are a session's: both on
+        # The liveness lock and the death watch's looks at its peer's are a session's: both on
         # the direct connection, never through a transaction-mode pooler.
         heartbeat = Heartbeat(
             self.db.direct_url,

@@ -22,7 +22,8 @@ is the token `<i> ` (zero-padded, so the scripted model's chunks are exactly the
 What is measured (see bench/README.md for the error bounds):
 
 - delivery latency: a delta frame's arrival at its subscriber minus its `ts`, the time the
-  worker built the frame (its 50 ms flush), RFC 3339 in ms from the same machine's clock.
+  worker built the frame (its flush, every FERRYMAN_DELTA_FLUSH_INTERVAL), RFC 3339 in ms from
+  the same machine's clock.
 - token latency: a token's arrival minus the time the model emitted it. Emission times are not
   on the wire; they are bracketed per token. A token of frame k was emitted after the worker
   built the session's previous frame (for the first frame: after `session_start` was written)

@@ -1,7 +1,7 @@
-"""A worker's token deltas, sent together: every 50 ms at most one NOTIFY transaction carries the
-new text of all the worker's streaming sessions (several payloads when they exceed NOTIFY's
-limit). One NOTIFY per session per 50 ms made 1,000 streaming sessions 20,000 transactions a
-second, more than the database commits.
+"""A worker's token deltas, sent together: every `FERRYMAN_DELTA_FLUSH_INTERVAL` (0.1 s) at most
+one NOTIFY transaction carries the new text of all the worker's streaming sessions (several
+payloads when they exceed NOTIFY's limit). One NOTIFY per session per 50 ms made 1,000 streaming
+sessions 20,000 transactions a second, more than the database commits.
 
 Deltas are best effort: the durable `assistant_message` carries the whole text. A run takes the
 text its session has not sent yet when its turn ends (`take`), to send it with the message."""
@@ -21,8 +21,6 @@ from app.domain import rfc3339
 from app.store.notify import ephemeral_body, json_string, publish_ephemerals, session_key
 
 log = logging.getLogger(__name__)
-
-FLUSH_SECONDS = 0.05
 
 
 @dataclass
@@ -68,7 +66,7 @@ class DeltaHub:
     """Text waits at most one interval, whether or not more follows (a stalled stream holds
     nothing back); frames of one session leave in the order their text came."""
 
-    def __init__(self, db: Database, interval: float = FLUSH_SECONDS) -> None:
+    def __init__(self, db: Database, interval: float) -> None:
         self.db = db
         self.interval = interval
         self.streaming: dict[UUID, _Pending] = {}  # sessions in a turn, until `take`

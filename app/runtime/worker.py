@@ -89,7 +89,7 @@ class Worker:
             ),
             max_event_bytes=settings.max_event_bytes,
             read_page_bytes=settings.transcript_page_bytes,
-            deltas=DeltaHub(self.delta_db),
+            deltas=DeltaHub(self.delta_db, settings.delta_flush_interval),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.

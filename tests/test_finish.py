@@ -107,14 +107,10 @@ async def test_a_requested_cancel_wins(database: Database) -> None:
 
 async def at_once(db: Database, row: dict[str, Any], status: Status) -> dict[str, Any]:
     async with db.connection() as conn:
-        sent = await runs.finish_at_once(
-            conn,
-            Fence(WORKER, row["attempt"]),
-            row,
-            status,
-            reply(row["last_seq"]),
-            row["last_seq"],
+        write = runs.at_once(
+            Fence(WORKER, row["attempt"]), row, status, reply(row["last_seq"]), row["last_seq"]
         )
+        sent = await write.send(conn)
         written = await sent.fetchone()
     assert written is not None
     return written
@@ -153,13 +149,13 @@ async def test_at_once_sees_a_message_the_model_never_got(database: Database) ->
     async with database.transaction() as conn:
         await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
     async with database.connection() as conn:
-        sent = await runs.finish_at_once(
-            conn,
+        write = runs.at_once(
             Fence(WORKER, row["attempt"]),
             row,
             Status.SUCCEEDED,
             reply(row["last_seq"]),
             row["last_seq"] + 1,
         )
+        sent = await write.send(conn)
         written = await sent.fetchone()
     assert written is not None and written["written"] == 0

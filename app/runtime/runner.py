@@ -42,6 +42,7 @@ from app.db.pool import Database
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
+from app.runtime.writes import RunWrites
 from app.store import events as event_store
 from app.store import runs
 from app.store.events import Fence, fence_errors
@@ -83,6 +84,8 @@ class RunContext:
     read_page_bytes: int
     # The worker's token deltas, sent together.
     deltas: DeltaHub
+    # The worker's run writes, sent together.
+    writes: RunWrites
 
 
 @dataclass
@@ -150,13 +153,12 @@ class Run:
     # --- durable writes -------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Make the pending writes: one statement, so no transaction around it."""
+        """Make the pending writes (with other runs' of the worker, `RunWrites`)."""
         if not self.pending:
             return
-        with fence_errors():
-            async with self.ctx.db.connection() as conn:
-                sent = await runs.send_batch(conn, self.fence, self.session_id, self.pending)
-        self.written(await sent.fetchone())  # received already: no round trip
+        self.written(
+            await self.ctx.writes.send(runs.Write(self.fence, self.session_id, self.pending))
+        )
 
     def written(self, row: dict[str, Any] | None) -> None:
         """The pending writes are committed (`row`: their statement's, from `send_batch`)."""
@@ -179,16 +181,15 @@ class Run:
     async def finish(self, status: Status, **details: Any) -> bool:
         """End the run with the pending writes; False when a follow-up arrived that the model
         has not seen yet: the run goes on to answer it instead (the pending writes made)."""
+        if status != Status.CANCELLED:  # else a cancel was requested: `runs.finish`
+            at_once = runs.at_once(
+                self.fence, self.row, status, self.pending, self.log_end(), **details
+            )
+            row = await self.ctx.writes.send(at_once)
+            if row is not None and row["written"]:
+                self.written(row)
+                return self.ended(status)
         with fence_errors():
-            if status != Status.CANCELLED:  # else a cancel was requested: `runs.finish`
-                async with self.ctx.db.connection() as conn:  # one statement
-                    sent = await runs.finish_at_once(
-                        conn, self.fence, self.row, status, self.pending, self.log_end(), **details
-                    )
-                row = await sent.fetchone()
-                if row is not None and row["written"]:
-                    self.written(row)
-                    return self.ended(status)
             async with self.ctx.db.pipeline() as conn:
                 settled, sent = await runs.finish(
                     conn, self.fence, self.row, status, self.pending, **details

@@ -24,6 +24,7 @@ from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
+from app.runtime.writes import RunWrites
 from app.services import database
 from app.store import runs
 from app.store import tools as tool_store
@@ -90,6 +91,7 @@ class Worker:
             max_event_bytes=settings.max_event_bytes,
             read_page_bytes=settings.transcript_page_bytes,
             deltas=DeltaHub(self.delta_db, settings.delta_flush_interval),
+            writes=RunWrites(self.db),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.

@@ -436,8 +436,37 @@ async def _count(cur: Cursor) -> int:
     return int(row["n"]) if row else 0
 
 
-async def finish_at_once(
-    conn: Connection,
+@dataclass(eq=False)  # compared by identity: two writes are never the same write
+class Write:
+    """A run's `send_batch`, ready to send: alone, or with other runs' (`send_writes`)."""
+
+    fence: Fence
+    session_id: UUID
+    batch: Batch
+    # `AND ...` on the session row, with the batch's params: write nothing unless they hold.
+    conditions: str = ""
+
+    async def send(self, conn: Connection) -> Cursor:
+        return await send_batch(
+            conn, self.fence, self.session_id, self.batch, conditions=self.conditions
+        )
+
+
+# Every writer locks a session's row before any owner's cursor row (a write's `bumped` comes
+# first; cancels and follow-ups lock the session, then announce). Several runs' writes in one
+# transaction lock all their session rows first, in id order, so no two transactions can each
+# hold what the other waits for.
+_LOCK_SESSIONS = "SELECT FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+
+
+async def send_writes(conn: Connection, writes: list[Write]) -> list[Cursor]:
+    """Several runs' writes in the caller's transaction (pipelined: one round trip for all).
+    Each owner's cursor row is then locked once for all of them, not once a write."""
+    await conn.execute(_LOCK_SESSIONS, ([write.session_id for write in writes],))
+    return [await write.send(conn) for write in writes]
+
+
+def at_once(
     fence: Fence,
     row: dict[str, Any],
     status: Status,
@@ -446,13 +475,13 @@ async def finish_at_once(
     *,
     error: dict[str, Any] | None = None,
     note: str | None = None,
-) -> Cursor:
-    """`finish` in one statement, for the common case: the session's log still ends at
-    `last_seq` (the last event the run wrote or read), no cancel was requested, and no message
-    waits undelivered. Writes nothing otherwise (`written` is 0 on the cursor's row: then
-    `finish`). The conditions are checked on the locked row, so a follow-up or a cancel
-    committed meanwhile (each moves the row) is never missed; the undelivered count is the
-    statement's snapshot's, which is all there is when the log still ends at `last_seq`."""
+) -> Write:
+    """`finish` as one write, for the common case: the session's log still ends at `last_seq`
+    (the last event the run wrote or read), no cancel was requested, and no message waits
+    undelivered. Writes nothing otherwise (`written` is 0 on its row: then `finish`). The
+    conditions are checked on the locked row, so a follow-up or a cancel committed meanwhile
+    (each moves the row) is never missed; the undelivered count is the statement's snapshot's,
+    which is all there is when the log still ends at `last_seq`."""
     batch = _closing(batch, fence, status, status, error, note)
     batch.params["expected_last_seq"] = last_seq
     conditions = (
@@ -460,7 +489,7 @@ async def finish_at_once(
         f" AND NOT EXISTS ({_UNDELIVERED.format(after='%(delivered_or_zero)s')})"
     )
     batch.params["delivered_or_zero"] = batch.delivered() or 0
-    return await send_batch(conn, fence, row["id"], batch, conditions=conditions)
+    return Write(fence, row["id"], batch, conditions)
 
 
 async def finish(

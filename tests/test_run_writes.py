@@ -1,0 +1,96 @@
+"""A worker's run writes sent together (app/runtime/writes.py), store-level against a real
+PostgreSQL: writes asked for at once commit in one transaction that moves the owner's cursor
+once, with gap-free owner ids in order; a write whose lease is gone is refused alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from app.db.pool import Database
+from app.domain import OwnerEventType
+from app.errors import FenceRefused
+from app.runtime.writes import RunWrites
+from app.store import runs
+from app.store import sessions as session_store
+from app.store.events import Fence
+from tests.support import database_with_worker
+
+WORKER = "writer:1"
+OWNER = "owner-writes"
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[Database]:
+    async with database_with_worker("ferryman_run_writes", WORKER) as db:
+        yield db
+
+
+async def claimed(db: Database, count: int) -> list[dict[str, Any]]:
+    """`count` new sessions of one owner, claimed by WORKER."""
+    new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
+    async with db.transaction() as conn:
+        for _ in range(count):
+            await session_store.create_session(conn, OWNER, new, None)
+        return await runs.claim(conn, WORKER, 1, 30, limit=count)
+
+
+def tool_start(row: dict[str, Any]) -> runs.Write:
+    batch = runs.Batch()
+    batch.add("tool_call_start", {"toolCallId": f"call-{row['id']}", "name": "t", "arguments": {}})
+    batch.set_stage("tool:t")
+    batch.announce(OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": "tool:t"})
+    return runs.Write(Fence(WORKER, row["attempt"]), row["id"], batch)
+
+
+async def rows(db: Database, sql: str, *params: Any) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        return await (await conn.execute(sql, params)).fetchall()
+
+
+async def test_writes_asked_at_once_commit_together(database: Database) -> None:
+    sessions = await claimed(database, 6)
+    writes = RunWrites(database)
+    results = await asyncio.gather(*(writes.send(tool_start(row)) for row in sessions))
+    assert all(result is not None and result["written"] == 1 for result in results)
+    logged = await rows(
+        database,
+        "SELECT session_id, seq, xmin::text AS tx FROM session_events"
+        " WHERE type = 'tool_call_start' ORDER BY session_id",
+    )
+    assert [(r["session_id"], r["seq"]) for r in logged] == sorted(
+        (row["id"], row["last_seq"] + 1) for row in sessions
+    )
+    assert len({r["tx"] for r in logged}) == 1  # one transaction
+    announced = await rows(
+        database, "SELECT id, type, xmin::text AS tx FROM owner_events ORDER BY id"
+    )
+    # Gap-free and in order: each session's creation and claim, then the six stages together.
+    assert [r["id"] for r in announced] == list(range(1, len(announced) + 1))
+    stages = [r for r in announced if r["type"] == OwnerEventType.SESSION_ACTIVE_STAGE]
+    assert len(stages) == 6 and {r["tx"] for r in stages} == {logged[0]["tx"]}
+    assert stages[-1]["id"] == len(announced)
+
+
+async def test_a_write_whose_lease_is_gone_is_refused_alone(database: Database) -> None:
+    sessions = await claimed(database, 3)
+    lapsed = sessions[1]
+    async with database.connection() as conn:
+        await conn.execute(
+            "UPDATE sessions SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE id = %s",
+            (lapsed["id"],),
+        )
+    writes = RunWrites(database)
+    results = await asyncio.gather(
+        *(writes.send(tool_start(row)) for row in sessions), return_exceptions=True
+    )
+    assert isinstance(results[1], FenceRefused)
+    assert all(isinstance(r, dict) and r["written"] == 1 for r in (results[0], results[2]))
+    logged = await rows(
+        database, "SELECT session_id FROM session_events WHERE type = 'tool_call_start'"
+    )
+    assert {r["session_id"] for r in logged} == {sessions[0]["id"], sessions[2]["id"]}

@@ -28,7 +28,8 @@ What is measured (see bench/README.md for the error bounds):
   on the wire; they are bracketed per token. A token of frame k was emitted after the worker
   built the session's previous frame (for the first frame: after `session_start` was written)
   and before frame k was built; the model sleeps `duration/tokens` between tokens, so
-  token i+1 comes at least that long after token i, which tightens both ends. The midpoint is
+  token i+1 comes at least that long after token i, less a millisecond (uvloop's timers count
+  whole milliseconds: a 33.3 ms sleep may end after 33), which tightens both ends. The midpoint is
   the estimate, the bracket's half-width its error bound; "upper bound" uses the earliest
   possible emission.
 - coalescing wait: frame time minus the token's estimated emission.
@@ -526,6 +527,12 @@ class Result:
     logs: list[str]
 
 
+# uvloop's timers count whole milliseconds, so a token's sleep may end up to this much short of
+# its nominal length: a bracket that assumed the full pace drifted past reality over a 600-token
+# stream on a quiet machine (every token "out of bracket" at 100 sessions).
+TIMER_GRAIN = 0.001
+
+
 def token_figures(
     sessions: list[tuple[Any, ...]], tokens: int, pace: float, window: tuple[float, float]
 ) -> dict[str, Any]:
@@ -556,7 +563,8 @@ def token_figures(
         # built, i.e. `session_start` (its `ts` is its transaction's start; the model starts
         # after that commits, and sleeps before each token). By `ts`, not by arrival: a delta
         # goes straight to the stream while the API still reads `session_start` from the log.
-        prev = max((s for _, s, _ in events if s <= ts[0]), default=-math.inf) + pace
+        step = pace - TIMER_GRAIN  # the least time between two tokens
+        prev = max((s for _, s, _ in events if s <= ts[0]), default=-math.inf) + step
         for k in range(len(arrival)):
             delivery.append((arrival[k] - ts[k]) * 1000)
             for i in range(first[k], last[k] + 1):
@@ -569,9 +577,9 @@ def token_figures(
             prev = ts[k]
         lo = [-math.inf] * tokens
         for i in range(tokens):
-            lo[i] = max(anchor[i], lo[i - 1] + pace if i else -math.inf)
+            lo[i] = max(anchor[i], lo[i - 1] + step if i else -math.inf)
         for i in range(tokens - 2, -1, -1):
-            hi[i] = min(hi[i], hi[i + 1] - pace)
+            hi[i] = min(hi[i], hi[i + 1] - step)
         emitted: list[float] = []
         for i in range(tokens):
             if math.isnan(got[i]):

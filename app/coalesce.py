@@ -1,7 +1,8 @@
 """Many tasks' lookups in one query: what is asked while a query is in flight goes out together
 in the next. At 2,000 session streams, every event woke 2,000 feeds that each took a pool
 connection to read a few rows; they queued on the pool for seconds (and gave up after its
-timeout). Coalesced, they are a handful of queries and never queue on the pool.
+timeout). Coalesced, they are a handful of queries and never queue on the pool. A worker's run
+writes go the same way, one transaction for many (`runtime/writes.py`).
 
 Not aiodataloader: it batches by event-loop turn and starts every batch at once, so a busy
 process still sends a query per turn and still queues on the pool; here at most `concurrency`

@@ -3,6 +3,9 @@ of units through each, the same number of worker processes, back to back, `--rou
 
     python -m bench.compare --units 1000 --workers 2 --rounds 2
 
+`--baseline DIR` runs another checkout of Ferryman (a `git worktree` of main with its own
+`.venv`) beside this one, as system `baseline`: a change measured before and after in one run.
+
 The peers are the `bench` extra (`pip install -e '.[bench]'`); see bench/peers/ for what each
 unit is. One command, from start to end:
 
@@ -57,7 +60,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -88,6 +91,16 @@ class System:
     # Per-worker concurrency: None means `--concurrency`; a number overrides it.
     concurrency: int | None = None
     note: str = ""
+    # Another checkout of Ferryman (with its own .venv) whose code this system runs: `--baseline`.
+    checkout: Path | None = None
+
+    @property
+    def python(self) -> str:
+        return str(self.checkout / ".venv" / "bin" / "python") if self.checkout else sys.executable
+
+    @property
+    def cwd(self) -> Path:
+        return self.checkout or REPO
 
     @property
     def unit(self) -> str:
@@ -406,7 +419,7 @@ def log(message: str) -> None:
 
 def run_setup(system: System, url: str, units: int, concurrency: int, logs: Path, tag: str) -> None:
     args = [
-        sys.executable,
+        system.python,
         "-m",
         system.module.__name__,
         "setup",
@@ -420,7 +433,7 @@ def run_setup(system: System, url: str, units: int, concurrency: int, logs: Path
         args += ["--concurrency", str(concurrency)]
     with open(logs / f"{tag}-setup.log", "wb") as out:
         proc = subprocess.Popen(
-            args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            args, cwd=system.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         CHILDREN.append(proc)
         try:
@@ -442,7 +455,7 @@ def start_workers(
         with open(logs / f"{tag}-worker-{index}.log", "wb") as out:
             proc = subprocess.Popen(
                 [
-                    sys.executable,
+                    system.python,
                     "-m",
                     system.module.__name__,
                     "worker",
@@ -455,7 +468,7 @@ def start_workers(
                     "--ready",
                     str(ready),
                 ],
-                cwd=REPO,
+                cwd=system.cwd,
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -773,7 +786,25 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900, help="s per system per round")
     parser.add_argument("--poll", type=float, default=0.05, help="s between completion checks")
     parser.add_argument("--top", type=int, default=10, help="top statements to show per system")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="another Ferryman checkout with its own .venv (e.g. a `git worktree` of main),"
+        " run as system `baseline` beside this one: a before/after in one run",
+    )
     args = parser.parse_args()
+    if args.baseline:
+        if not (args.baseline / ".venv" / "bin" / "python").exists():
+            parser.error(f"--baseline {args.baseline}: no .venv/bin/python there")
+        SYSTEMS["baseline"] = replace(
+            SYSTEMS["ferryman"],
+            key="baseline",
+            label=f"Ferryman at {args.baseline}",
+            checkout=args.baseline.resolve(),
+        )
+        if "baseline" not in args.systems:
+            args.systems += ",baseline"
     order = [key.strip() for key in args.systems.split(",") if key.strip()]
     unknown = [key for key in order if key not in SYSTEMS]
     if unknown:

@@ -8,7 +8,6 @@ named limit or a `ProblemCode` has none (or one is written for a name that is go
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -22,7 +21,7 @@ import annotated_types
 from pydantic import AliasChoices, SecretStr
 from pydantic_core import PydanticUndefined
 
-from app import config, domain
+from app import config, domain, generated
 from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.errors import FerrymanError, ProblemCode
@@ -468,19 +467,15 @@ the Session, `session_status` and `session_end`) is another list: see [models.md
 """
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"update {COMMITTED}")
-    args = parser.parse_args(argv)
+def _render_or_exit() -> str:
     try:
-        text = render()
+        return render()
     except MissingReference as missing:
         sys.exit(f"error: {missing}")
-    if args.write:
-        COMMITTED.write_text(text)
-        print(f"wrote {COMMITTED}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    generated.main(COMMITTED, __doc__.splitlines()[0], _render_or_exit, argv)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,12 @@ DATABASE_FIXTURES = frozenset(
     }
 )
 # Where the fixture rule cannot see it: modules (or `module::test`s) that make databases or
-# start servers in their bodies: PostgreSQL itself, `ferryman` commands on a database, pip (e2e);
-# MCP servers and llama.cpp's server, real parts of other makers (integration).
+# start processes in their bodies: PostgreSQL itself, `ferryman` commands, pip (e2e); MCP
+# servers and llama.cpp's server, real parts of other makers (integration).
 KIND_OF = {
     "test_chaos": "e2e",
+    "test_cli": "e2e",
+    "test_cli_imports": "e2e",
     "test_claim": "integration",
     "test_coalesce::test_pages_of_several_sessions_read_as_one_session_at_a_time": "integration",
     "test_tiny_model_smoke": "integration",

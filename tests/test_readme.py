@@ -16,7 +16,8 @@ import pytest
 
 from tests.support import ServerProcess, client, running, wait_event
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
 
 
 def _block(heading: str, language: str) -> str:
@@ -36,6 +37,17 @@ def _steps(block: str) -> list[tuple[str, str]]:
         commands = "\n".join(line for line in lines if not line.startswith("#"))
         steps.append((comment, commands))
     return steps
+
+
+def test_the_readme_is_one_screen_whose_links_resolve() -> None:
+    assert len(README.encode()) <= 12 * 1024, "the README is the front door: keep it under 12 KB"
+    linked = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    assert "docs/architecture.md" in linked and "docs/reference.md" in linked
+    for target in linked:
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), target
+    docs = {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
+    assert docs <= set(linked), f"the map of docs/ misses {sorted(docs - set(linked))}"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ venv:  ## the README's install, editable, with the test tools
 test:  ## every test: real PostgreSQL (embedded, or $$DATABASE_URL), processes, Chromium
 	$(BIN)/pytest
 
-test-fast:  ## the pure tests: no PostgreSQL, no servers (well under a minute)
+test-fast:  ## the unit tests: in-process, no PostgreSQL, no servers (about half a minute)
 	$(BIN)/pytest -m unit -q
 
 lint:  ## what CI checks: ruff, ruff format, mypy

@@ -25,7 +25,7 @@ TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 REQUEUEABLE = TERMINAL | {Status.WAITING}
 
 
-# Limits of the request bodies (documented in README "Limits"); the body size limit itself is a
+# Limits of the request bodies (documented in docs/reference.md); the body size limit itself is a
 # setting (FERRYMAN_MAX_BODY_BYTES) because proxies in front may impose their own.
 MAX_PROMPT_CHARS = 100_000
 MAX_MESSAGE_CHARS = 100_000

@@ -1,6 +1,9 @@
 """Fixtures: a real PostgreSQL (the embedded one, or DATABASE_URL), a fresh database per test
 run, and real `ferryman serve` processes for anything that streams.
 
+Each test is marked `unit`, `integration` or `e2e` by what it uses (`pytest -m unit` needs no
+PostgreSQL); see `pytest_collection_modifyitems`.
+
 Modules that start workers use a database of their own (`isolated_db`, and the `api`, `key`,
 `start_worker` and `shared_worker` on it): workers claim any queued session in their database,
 so sharing the session-wide one would let them run other tests' sessions (and other tests'
@@ -38,6 +41,67 @@ for name, value in {
     "FERRYMAN_MODEL_MAX_RETRIES": "0",
 }.items():
     os.environ[name] = value
+
+
+# What a test stands on, from the fixtures it uses (directly or through others): a process of
+# the server or a worker (or a browser, a pooler) makes it end-to-end, a database alone an
+# integration test, neither a unit test. Module fixtures count by name.
+PROCESS_FIXTURES = frozenset(
+    {
+        *("server", "api", "start_worker", "shared_worker"),  # here
+        *("served", "bounded_api", "limited", "keys_server", "local_server", "other_server"),
+        *("small_writes", "web", "browser", "bouncer", "llm", "cluster"),
+    }
+)
+DATABASE_FIXTURES = frozenset(
+    {
+        *("database_url", "isolated_db"),  # here
+        *("database", "crowded", "empty_database", "recovery_db", "quiet_db"),
+    }
+)
+# Where the fixture rule cannot see it: modules (or `module::test`s) that make databases or
+# start processes in their bodies: PostgreSQL itself, `ferryman` commands, pip (e2e); MCP
+# servers and llama.cpp's server, real parts of other makers (integration).
+KIND_OF = {
+    "test_chaos": "e2e",
+    "test_cli": "e2e",
+    "test_cli_imports": "e2e",
+    "test_claim": "integration",
+    "test_coalesce::test_pages_of_several_sessions_read_as_one_session_at_a_time": "integration",
+    "test_tiny_model_smoke": "integration",
+    "test_mcp_tools::test_stdio_tools_are_listed_and_called": "integration",
+    "test_mcp_tools::test_cancelling_a_call_cancels_it_on_the_server": "integration",
+    "test_mcp_tools::test_a_server_that_dies_is_restarted": "integration",
+    "test_mcp_tools::test_streamable_http_with_headers_and_a_restart": "integration",
+    "test_mcp_tools::test_a_refused_http_server_is_not_connected": "integration",
+    "test_mcp_tools::test_the_published_time_server": "integration",
+    "test_model_runs": "e2e",
+    "test_packaging": "e2e",
+    "test_startup": "e2e",
+    "test_embedded": "e2e",
+    "test_embedded_supervision": "e2e",
+    "test_db_restart": "e2e",
+}
+
+
+def kind_of(item: pytest.Item) -> str:
+    """`unit`, `integration` or `e2e`: what the test needs running."""
+    module = item.path.stem
+    name = getattr(item, "originalname", item.name)
+    explicit = KIND_OF.get(f"{module}::{name}") or KIND_OF.get(module)
+    if explicit:
+        return explicit
+    used = set(getattr(item, "fixturenames", ()))
+    if used & PROCESS_FIXTURES:
+        return "e2e"
+    if used & DATABASE_FIXTURES:
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(kind_of(item))
 
 
 @pytest.fixture(scope="session")

@@ -77,9 +77,12 @@ def test_the_app_serves_the_page_its_assets_and_a_favicon(server: ServerProcess)
             assert response.headers["content-type"].startswith("application/problem+json")
 
 
-def test_the_readme_shows_screenshots_that_exist() -> None:
-    readme = (Path(REPO) / "README.md").read_text()
-    shown = re.findall(r"\(docs/screenshots/([a-z-]+\.png)\)", readme)
-    assert len(shown) >= 5
-    for name in shown:
+def test_the_docs_show_screenshots_that_exist() -> None:
+    def shown(page: str) -> list[str]:
+        text = (Path(REPO) / page).read_text()
+        return re.findall(r"\((?:docs/)?screenshots/([a-z-]+\.png)\)", text)
+
+    assert len(shown("README.md")) == 1
+    assert len(shown("docs/workbench.md")) >= 5
+    for name in shown("README.md") + shown("docs/workbench.md"):
         assert (Path(REPO) / "docs" / "screenshots" / name).is_file(), name

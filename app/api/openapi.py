@@ -8,9 +8,7 @@ frames as schemas. `python -m app.api.openapi` prints it; `--write` updates the 
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter
 
+from app import generated
 from app.api.event_schemas import stream_components
 from app.api.problems import PROBLEM_JSON
 from app.api.schemas import Problem, SessionError, component
@@ -192,17 +191,9 @@ def render(document: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"update {COMMITTED}")
-    args = parser.parse_args(argv)
     from app.main import create_app
 
-    text = render(create_app().openapi())
-    if args.write:
-        COMMITTED.write_text(text)
-        print(f"wrote {COMMITTED}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    generated.main(COMMITTED, __doc__.splitlines()[0], lambda: render(create_app().openapi()), argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+# The habits of .ci/run, one word each. `make venv` once; then `make test-fast` while you work,
+# `make lint test` before you push.
+VENV ?= .venv
+BIN := $(VENV)/bin
+LINTED := app clients/python tests bench alembic
+TYPED := app clients/python/src alembic
+
+.PHONY: venv test test-fast lint format reference openapi bench
+
+venv:  ## the README's install, editable, with the test tools
+	python3 -m venv $(VENV) && $(BIN)/pip install -q -e ./clients/python -e '.[test]'
+
+test:  ## every test: real PostgreSQL (embedded, or $$DATABASE_URL), processes, Chromium
+	$(BIN)/pytest
+
+test-fast:  ## the unit tests: in-process, no PostgreSQL, no servers (about half a minute)
+	$(BIN)/pytest -m unit -q
+
+lint:  ## what CI checks: ruff, ruff format, mypy
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy $(TYPED)
+
+format:  ## fix what ruff can
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+reference:  ## regenerate docs/reference.md from the code
+	$(BIN)/python -m app.reference --write
+
+openapi:  ## regenerate docs/openapi.json from the app
+	$(BIN)/python -m app.api.openapi --write
+
+bench:  ## Ferryman beside its peers (docs/performance.md); needs `pip install -e '.[bench]'`
+	$(BIN)/python -m bench.compare --units 1000 --workers 2 --rounds 2

@@ -1,0 +1,482 @@
+"""docs/reference.md, generated from the code: every setting, every limit, every error code.
+
+`python -m app.reference` prints it and `--write` updates the committed file;
+tests/test_reference.py fails when the two differ. Types, defaults and bounds come from the code;
+the meanings are written here, and generating fails, naming each one, when a `Settings` field, a
+named limit or a `ProblemCode` has none (or one is written for a name that is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import types
+from collections.abc import Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import AliasChoices, SecretStr
+from pydantic_core import PydanticUndefined
+
+from app import config, domain, generated
+from app.agent.tools import builtin
+from app.api import problems, schemas
+from app.errors import FerrymanError, ProblemCode
+from app.streams import frames
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "docs" / "reference.md"
+OPENAPI = ROOT / "docs" / "openapi.json"
+
+SETTINGS: dict[str, str] = {
+    "database_url": "Any libpq URL or `key=value` string. Unset: the embedded PostgreSQL 18 in"
+    " `FERRYMAN_DATA_DIR`.",
+    "direct_database_url": "Where the connections that need a session of their own go (LISTEN,"
+    " the workers' liveness locks and death watch, migrations). Unset: `DATABASE_URL`; set to"
+    " another URL, `DATABASE_URL` is taken to be a transaction-mode pooler such as PgBouncer"
+    " ([deploy.md](deploy.md)).",
+    "data_dir": "The embedded database's directory. Default `/var/lib/ferryman` as root, else"
+    " the user data directory (`~/.local/share/ferryman`).",
+    "host": "Bind address (also `--host`). Loopback makes local mode the default.",
+    "port": "Bind port (also `--port`; `0`: one the system chooses).",
+    "auth": "`local`: requests without a key act as owner `local`; `keys`: every request needs"
+    " an API key. Unset: `local` on a loopback host, else `keys` (`local` is refused there).",
+    "log_level": "`debug`, `info`, `warning` or `error`; `debug` (as `ferryman --debug`) also"
+    " shows a start-up failure's traceback.",
+    "log_format": "`json` lines, `console`, or `auto`: console on a terminal, else JSON.",
+    "pool_min_size": "Connections a process's pool keeps open.",
+    "pool_max_size": "Most connections of a process's pool (a worker opens one more, for its"
+    " token deltas: [deploy.md](deploy.md)).",
+    "pool_timeout": "Seconds a request waits for a connection before it answers 503.",
+    "worker_pool_timeout": "Seconds a worker's run waits for a connection before it stops (its"
+    " session is resumed once its lease runs out).",
+    "db_statement_timeout": "`statement_timeout` of every pooled connection, in seconds (0:"
+    " none): a runaway statement answers 503 instead of holding the connection.",
+    "db_lock_timeout": "`lock_timeout` of every pooled connection, in seconds (0: none).",
+    "db_idle_in_transaction_timeout": "`idle_in_transaction_session_timeout` of every pooled"
+    " connection, in seconds (0: none).",
+    "embedded_check_interval": "Seconds between checks that the embedded PostgreSQL still runs;"
+    " a server that stopped under a running process is started again.",
+    "heartbeat_interval": "Seconds between a worker's lease renewals.",
+    "lease_ttl": "Seconds after which a lease not renewed can be taken over.",
+    "max_attempts": "Claims of one session before it fails with `MAX_ATTEMPTS_EXCEEDED`.",
+    "worker_concurrency": "Sessions one worker drives at once (also `ferryman worker"
+    " --concurrency`).",
+    "claim_batch": "Most sessions one claim statement takes when that many slots are free.",
+    "claim_interval": "Seconds between polls for work when no NOTIFY arrives (the fallback).",
+    "delta_flush_interval": "Seconds a worker holds token text to send it with more: one NOTIFY"
+    " per worker and one `message_delta` frame per streaming session per interval.",
+    "tool_timeout": "Seconds a tool call may run unless the tool sets its own budget.",
+    "tool_modules": "Extra tools, comma-separated `module:attribute` (a `Tool` or a list).",
+    "model": "The model of a session that names none: `scripted`, `openai:<model>` or"
+    " `anthropic:<model>`.",
+    "openai_base_url": "The server of `openai:<model>` models (any OpenAI-compatible one);"
+    " unset: `https://api.openai.com/v1`.",
+    "openai_api_key": "Sent to it as a bearer token; never logged.",
+    "anthropic_base_url": "The server of `anthropic:<model>` models; unset:"
+    " `https://api.anthropic.com`.",
+    "anthropic_api_key": "Sent to it; never logged.",
+    "anthropic_max_tokens": "Anthropic's required output budget when a session sets no"
+    " `modelSettings.maxTokens`.",
+    "model_idle_timeout": "Seconds a model stream may send nothing before the turn is retried.",
+    "model_connect_timeout": "Seconds to connect to a model server.",
+    "model_max_retries": "Retries of one model turn before the session fails with"
+    " `MODEL_UNAVAILABLE`.",
+    "model_retry_initial_delay": "Seconds of the first retry's backoff.",
+    "model_retry_max_delay": "Longest backoff, and the longest `Retry-After` honoured, in seconds.",
+    "mcp_servers": "A `.toml` or `.json` file listing MCP servers ([mcp.md](mcp.md)).",
+    "mcp_connect_timeout": "Seconds a starting worker waits for its MCP servers before it"
+    " claims work.",
+    "ping_interval": "Seconds between SSE keep-alive comments.",
+    "poll_interval": "Seconds between reads of the heads of all of a process's streams, for a"
+    " lost NOTIFY (one query).",
+    "replay_limit": "Owner events a reconnect may replay before `resync_required`.",
+    "sse_retry_ms": "The `retry:` sent to EventSource clients, in milliseconds.",
+    "max_streams_per_owner": "Open SSE streams (both kinds) of one owner on one API process;"
+    " above: 429 `TOO_MANY_STREAMS`.",
+    "stream_write_bytes": "Most bytes of one SSE write (or one event, if bigger); a stream"
+    " whose client does not read holds about two writes.",
+    "feed_buffer_bytes": "Bytes of recent events a feed keeps in memory for its streams (the"
+    " newest always).",
+    "max_body_bytes": "Request body limit; above: 413 `PAYLOAD_TOO_LARGE`.",
+    "cancel_wait_seconds": "The longest `cancel?wait=true`, or a `DELETE` of a running"
+    " session, holds the answer.",
+    "transcript_page_bytes": "A transcript page, and each read of the log by a run, stops at"
+    " this many bytes of events (at least one event).",
+    "max_event_bytes": "Model text and tool output beyond this are cut, with a marker, before"
+    " they are logged (a user message never is).",
+    "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
+    "metrics_token": "In keys mode `/metrics` wants this bearer token; unset, any API key.",
+    "owner_event_retention_days": "Owner events older than this are pruned (the newest is kept).",
+    "deleted_session_retention_days": "Soft-deleted sessions are purged after this.",
+    "idempotency_key_retention_hours": "How long an `Idempotency-Key` is remembered.",
+    "retention_interval": "Seconds between the API process's pruning runs.",
+}
+
+# Modules whose MAX_* and *LIMIT* constants bound what a client or a model may send.
+LIMIT_MODULES = (domain, schemas, config, builtin, frames)
+NAMED_LIMITS: dict[str, str] = {
+    "MAX_PROMPT_CHARS": "A session's `prompt`, in characters.",
+    "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
+    " `text`, in characters.",
+    "MAX_TITLE_CHARS": "A session's `title`, in characters.",
+    "MAX_METADATA_BYTES": "A session's `metadata` (and a scripted call's `arguments`), as"
+    " compact JSON, in bytes.",
+    "MAX_JSON_DEPTH": "Nesting of `metadata` and tool arguments, in levels.",
+    "MAX_SCRIPT_TURNS": "Turns of a `script`.",
+    "MAX_TOOLS": "Names in `tools`, and in `approvalRequired`.",
+    "MAX_INSTRUCTIONS_CHARS": "A session's `instructions`, in characters.",
+    "MAX_STOP_SEQUENCES": "Strings in `modelSettings.stop`.",
+    "MAX_IDEMPOTENCY_KEY_CHARS": "The `Idempotency-Key` header, in characters.",
+    "MAX_SLEEP_SECONDS": "The `sleep` tool's `seconds` (more: an error tool result).",
+    "MAX_NOTE_KEY_CHARS": "A note's key, in characters (more: an error tool result).",
+    "MAX_NOTE_CHARS": "A note's text, in characters (more: an error tool result).",
+    "MAX_QUESTION_CHARS": "An `ask_user` question, in characters (more: an error tool result).",
+    "MAX_CURSOR": "`Last-Event-ID`, `lastEventId` and `after`: a decimal integer up to this"
+    " (else 400 `INVALID_CURSOR`, or 422 for `after`).",
+}
+
+# The status each code answers with (None: whichever HTTP error status it stands for).
+PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
+    ProblemCode.BAD_REQUEST: (400, "A request the server cannot take, of no other kind."),
+    ProblemCode.MALFORMED_JSON: (400, "The body is not valid JSON: nothing could be validated."),
+    ProblemCode.INVALID_CURSOR: (
+        400,
+        "`Last-Event-ID` or `lastEventId` is not a decimal integer below 2^63.",
+    ),
+    ProblemCode.INVALID_PAGE_TOKEN: (400, "A `pageToken` this server did not give out."),
+    ProblemCode.AUTH_REQUIRED: (401, "Keys mode, and the request has no API key."),
+    ProblemCode.INVALID_API_KEY: (401, "The API key is unknown or revoked."),
+    ProblemCode.CROSS_SITE_REQUEST: (
+        403,
+        "Local mode: a write whose `Origin` is not a local page (or is `null`).",
+    ),
+    ProblemCode.LOCAL_MODE_NOT_LOCAL: (
+        403,
+        "Local mode: a request from another address, or through a proxy that says so.",
+    ),
+    ProblemCode.NOT_FOUND: (404, "No such path (or resource other than a session)."),
+    ProblemCode.SESSION_NOT_FOUND: (
+        404,
+        "No such session for this owner (also a malformed id,"
+        " a deleted session and another owner's).",
+    ),
+    ProblemCode.METHOD_NOT_ALLOWED: (
+        405,
+        "The path does not take this method (`Allow` names those it does).",
+    ),
+    ProblemCode.NOT_ACCEPTABLE: (
+        406,
+        "The `Accept` header excludes every type the path can answer with.",
+    ),
+    ProblemCode.SESSION_ALREADY_TERMINAL: (409, "Cancel of a session that has already ended."),
+    ProblemCode.IDEMPOTENCY_KEY_REUSED: (
+        409,
+        "An `Idempotency-Key` used before with another body.",
+    ),
+    ProblemCode.APPROVAL_NOT_PENDING: (
+        409,
+        "A decision for a call that is not waiting for one"
+        " (unknown, decided, answered, or a finished session).",
+    ),
+    ProblemCode.PAYLOAD_TOO_LARGE: (413, "The body is over `FERRYMAN_MAX_BODY_BYTES`."),
+    ProblemCode.UNSUPPORTED_MEDIA_TYPE: (415, "A body not sent as `application/json`."),
+    ProblemCode.HOST_NOT_ALLOWED: (
+        421,
+        "Local mode: a `Host` that is not this machine's (a"
+        " page of another site whose name was rebound).",
+    ),
+    ProblemCode.VALIDATION_ERROR: (
+        422,
+        "A field breaks a rule: `errors` lists each as"
+        " `{field, message, type}`, `detail` names the first three.",
+    ),
+    ProblemCode.TOO_MANY_STREAMS: (
+        429,
+        "The owner holds `FERRYMAN_MAX_STREAMS_PER_OWNER` open"
+        " streams on this process; with `Retry-After`.",
+    ),
+    ProblemCode.HTTP_ERROR: (None, "Any other HTTP error status (the status says which)."),
+    ProblemCode.INTERNAL_ERROR: (500, "A bug: the server logs the traceback."),
+    ProblemCode.DATABASE_UNAVAILABLE: (
+        503,
+        "PostgreSQL cannot be reached, or gave no connection or lock in time; with `Retry-After`.",
+    ),
+    ProblemCode.NOT_READY: (503, "`/readyz`: `checks.database` says `busy` or `unavailable`."),
+}
+
+
+class MissingReference(Exception):
+    """The code has names the reference does not explain, or the reference names gone ones."""
+
+
+def _check_names(kind: str, in_code: set[str], written: set[str]) -> list[str]:
+    missing = [f"{kind} {name} has no meaning in app/reference.py" for name in in_code - written]
+    stale = [
+        f"{kind} {name} is in app/reference.py but not in the code" for name in written - in_code
+    ]
+    return sorted(missing) + sorted(stale)
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " or ".join(f"`{arg}`" for arg in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(annotation) if a is not type(None))
+    names = {str: "text", int: "integer", float: "number", bool: "boolean", Path: "path"}
+    if annotation is SecretStr:
+        return "secret text"
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+_BOUNDS = {
+    annotated_types.Gt: ("gt", "> {}"),
+    annotated_types.Ge: ("ge", "≥ {}"),
+    annotated_types.Lt: ("lt", "< {}"),
+    annotated_types.Le: ("le", "≤ {}"),
+}
+
+
+def _bounds(metadata: list[Any]) -> str:
+    found = []
+    for item in metadata:
+        for kind, (attribute, form) in _BOUNDS.items():
+            if isinstance(item, kind):
+                found.append(form.format(_number(getattr(item, attribute))))
+    return ", ".join(found)
+
+
+def _number(value: Any, separated: bool = True) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and separated:
+        return f"{value:,}"
+    return str(value)
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None or field.default is PydanticUndefined:
+        return "(see meaning)"
+    if field.default is None:
+        return "unset"
+    if field.default == "":
+        return "empty"
+    if isinstance(field.default, Enum):
+        return f"`{field.default.value}`"
+    return f"`{_number(field.default, separated=False)}`"
+
+
+def _variable(name: str, field: Any) -> str:
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return " or ".join(f"`{choice}`" for choice in alias.choices)
+    prefix = config.Settings.model_config.get("env_prefix", "")
+    return f"`{prefix}{name}`".upper().replace("`FERRYMAN_", "`FERRYMAN_")
+
+
+def configuration() -> str:
+    rows = []
+    for name, field in config.Settings.model_fields.items():
+        kind = _type_name(field.annotation)
+        bounds = _bounds(field.metadata)
+        rows.append(
+            (
+                _variable(name, field),
+                f"{kind}, {bounds}" if bounds else kind,
+                _default(field),
+                SETTINGS.get(name, ""),
+            )
+        )
+    return _table(("variable", "type", "default", "meaning"), rows)
+
+
+def named_limits() -> tuple[str, dict[str, Any]]:
+    found: dict[str, tuple[Any, str]] = {}
+    for module in LIMIT_MODULES:
+        for name, value in vars(module).items():
+            named = re.fullmatch(r"[A-Z][A-Z0-9_]*", name) and ("MAX" in name or "LIMIT" in name)
+            if named and isinstance(value, int) and name not in found:
+                found[name] = (value, module.__name__)
+    rows = [
+        (f"`{name}`", _number(value), f"`{module}`", NAMED_LIMITS.get(name, ""))
+        for name, (value, module) in found.items()
+    ]
+    return _table(("name", "value", "defined in", "meaning"), rows), found
+
+
+def _resolve(schema: dict[str, Any], document: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = document["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def _schema_bounds(schema: dict[str, Any]) -> str:
+    parts = []
+    if "maxLength" in schema:
+        low, high = schema.get("minLength", 0), _number(schema["maxLength"])
+        parts.append(f"{low}..{high} characters" if low else f"at most {high} characters")
+    if "maxItems" in schema:
+        parts.append(f"at most {_number(schema['maxItems'])} items")
+    if "minimum" in schema and "maximum" in schema:
+        parts.append(f"{_number(schema['minimum'])}..{_number(schema['maximum'])}")
+    else:
+        for key, form in _SCHEMA_BOUNDS.items():
+            if key in schema:
+                parts.append(form.format(_number(schema[key])))
+    return ", ".join(parts)
+
+
+_SCHEMA_BOUNDS = {
+    "exclusiveMinimum": "> {}",
+    "minimum": "≥ {}",
+    "exclusiveMaximum": "< {}",
+    "maximum": "≤ {}",
+}
+
+
+def _walk(
+    schema: dict[str, Any], path: str, document: dict[str, Any], seen: frozenset[str]
+) -> list[tuple[str, str]]:
+    ref = schema.get("$ref")
+    if ref in seen:
+        return []
+    seen = seen | {ref} if ref else seen
+    schema = _resolve(schema, document)
+    rows = []
+    bounds = _schema_bounds(schema)
+    if bounds and path:
+        rows.append((path, bounds))
+    for member in schema.get("anyOf", []) + schema.get("oneOf", []):
+        rows += _walk(member, path, document, seen)
+    for name, member in schema.get("properties", {}).items():
+        rows += _walk(member, f"{path}.{name}" if path else name, document, seen)
+    if "items" in schema:
+        rows += _walk(schema["items"], f"{path}[]", document, seen)
+    return rows
+
+
+def request_limits() -> str:
+    document = json.loads(OPENAPI.read_text())
+    rows = []
+    for route, operations in document["paths"].items():
+        for method, operation in operations.items():
+            where = f"`{method.upper()} {route}`"
+            for parameter in operation.get("parameters", []):
+                bounds = _schema_bounds(_resolve(parameter["schema"], document))
+                if bounds:
+                    rows.append((where, f"{parameter['in']} `{parameter['name']}`", bounds))
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            if body:
+                for path, bounds in _walk(body["schema"], "", document, frozenset()):
+                    rows.append((where, f"body `{path}`", bounds))
+    return _table(("operation", "field", "bounds"), list(dict.fromkeys(rows)))
+
+
+def _error_classes(cls: type[FerrymanError]) -> list[type[FerrymanError]]:
+    return [cls] + [sub for child in cls.__subclasses__() for sub in _error_classes(child)]
+
+
+def error_codes() -> tuple[str, list[str]]:
+    problems_found = []
+    for cls in _error_classes(FerrymanError):
+        written = PROBLEM_CODES.get(cls.code)
+        if written and written[0] != cls.status:
+            problems_found.append(
+                f"{cls.__name__} answers {cls.status} {cls.code}, the reference says {written[0]}"
+            )
+    for status, code in problems._HTTP_CODES.items():
+        written = PROBLEM_CODES.get(code)
+        if written and written[0] != status:
+            problems_found.append(f"HTTP {status} answers {code}, the reference says {written[0]}")
+    rows = [
+        (f"`{code}`", str(PROBLEM_CODES[code][0] or "other"), PROBLEM_CODES[code][1])
+        for code in ProblemCode
+        if code in PROBLEM_CODES
+    ]
+    return _table(("code", "status", "meaning"), rows), problems_found
+
+
+def render() -> str:
+    """The reference page; MissingReference if a name of the code has no meaning here."""
+    limits_table, limits = named_limits()
+    codes_table, inconsistent = error_codes()
+    faults = (
+        _check_names("setting", set(config.Settings.model_fields), set(SETTINGS))
+        + _check_names("limit", set(limits), set(NAMED_LIMITS))
+        + _check_names(
+            "problem code", {str(c) for c in ProblemCode}, {str(c) for c in PROBLEM_CODES}
+        )
+        + inconsistent
+    )
+    if faults:
+        raise MissingReference("; ".join(faults))
+    return f"""# Reference: configuration, limits, error codes
+
+Generated from the code by `python -m app.reference --write` (tests/test_reference.py fails when
+this file and the code differ). Types, defaults and bounds are the code's; the meanings are
+written in `app/reference.py`.
+
+## Configuration
+
+Environment variables, all optional (`ferryman serve --help` shows the flags that set some of
+them). Durations are in seconds unless the name says otherwise.
+
+{configuration()}
+
+## Limits
+
+Every limit is enforced where it is named, and answers a 4xx problem+json when exceeded (the
+tools' limits answer the model with an error tool result). Strings must be storable by
+PostgreSQL: NUL characters and unpaired surrogates are refused with 422, never a 500. Limits
+that are settings are in the table above (`FERRYMAN_MAX_BODY_BYTES`,
+`FERRYMAN_TRANSCRIPT_PAGE_BYTES`, `FERRYMAN_MAX_EVENT_BYTES`, `FERRYMAN_MAX_STREAMS_PER_OWNER`,
+`FERRYMAN_STREAM_WRITE_BYTES`, the `FERRYMAN_DB_*_TIMEOUT`s).
+
+### Named limits
+
+{limits_table}
+
+### Every bound of a request
+
+From [openapi.json](openapi.json); a request outside one answers 422 `VALIDATION_ERROR`, naming
+the field.
+
+{request_limits()}
+
+## Error codes
+
+Every error answers `application/problem+json` (RFC 9457) with one of these stable `code`s (the
+`Problem.code` enum of [openapi.json](openapi.json)). A failed session's own `error.code` (on
+the Session, `session_status` and `session_end`) is another list: see [models.md](models.md).
+
+{codes_table}
+"""
+
+
+def _render_or_exit() -> str:
+    try:
+        return render()
+    except MissingReference as missing:
+        sys.exit(f"error: {missing}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    generated.main(COMMITTED, __doc__.splitlines()[0], _render_or_exit, argv)
+
+
+if __name__ == "__main__":
+    main()

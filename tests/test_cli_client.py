@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import app
+import ferryman as sdk
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -588,7 +589,9 @@ async def test_version_and_help(api: ServerProcess) -> None:
     version, help_, run_help = await asyncio.gather(
         ferryman("--version"), ferryman("--help"), ferryman("run", "--help")
     )
-    assert version.returncode == 0 and version.stdout == f"ferryman {app.__version__}\n"
+    assert version.returncode == 0, version
+    # Each distribution that makes up the command: the client's, then the server's.
+    assert version.stdout == f"ferryman-client {sdk.__version__}\nferryman {app.__version__}\n"
     for name in ("serve", "worker", "migrate", "keys", "run", "follow", "sessions", "watch"):
         assert re.search(rf"^  {name} ", help_.stdout, re.M), help_
     assert "Exit status:" in run_help.stdout

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from app.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line
+from ferryman.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line, table_console
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.table import Table
 
-    from app.client import AsyncFerryman, Ferryman, OwnerSessionClient, Session, StreamEvent
+    from ferryman import AsyncFerryman, Ferryman, OwnerSessionClient, Session, StreamEvent
 
 
 # --- exit codes ---------------------------------------------------------------------------------
@@ -116,7 +115,7 @@ def _errors() -> Iterator[None]:
     """The SDK's failures as one line and an exit code (with the traceback too under
     `--debug`); Ctrl-C as a quiet 130."""
     with _quick_imports():
-        from app.client import ApiError, FerrymanConnectionError
+        from ferryman import ApiError, FerrymanConnectionError
 
     try:
         yield
@@ -141,7 +140,7 @@ def _errors() -> Iterator[None]:
 @contextlib.contextmanager
 def _client(url: str | None, api_key: str | None) -> Iterator[Ferryman]:
     with _errors():
-        from app.client import Ferryman
+        from ferryman import Ferryman
 
         with Ferryman(url or None, api_key=api_key or None) as client:
             yield client
@@ -567,14 +566,6 @@ def _when(moment: str) -> str:
     return local.strftime("%Y-%m-%d %H:%M")
 
 
-def _console() -> Console:
-    from rich.console import Console
-
-    # Piped: no width to fit, so no column is cut (ids must stay whole to be pasted back).
-    console = Console()
-    return console if console.is_terminal else Console(width=10_000)
-
-
 def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
     """Sessions as the API shows them (camelCase JSON), a row each."""
     from rich.table import Table
@@ -632,7 +623,7 @@ def sessions_list(
     if not page["sessions"]:
         click.echo("no sessions")
         return
-    console = _console()
+    console = table_console()
     console.print(_sessions_table(page["sessions"]), soft_wrap=False)
     if page.get("nextPageToken"):
         console.print(f"[dim]… more: --limit {min(limit * 2, 200)}[/]")
@@ -809,7 +800,7 @@ def watch(limit: int, url: str | None, api_key: str | None) -> None:
     import asyncio
 
     with _errors():
-        from app.client import AsyncFerryman
+        from ferryman import AsyncFerryman
 
         client = AsyncFerryman(url or None, api_key=api_key or None)
         with contextlib.suppress(KeyboardInterrupt):
@@ -819,7 +810,7 @@ def watch(limit: int, url: str | None, api_key: str | None) -> None:
 async def _watch(client: AsyncFerryman, limit: int) -> None:
     with _quick_imports():
         # Its live picture is of the SDK's models: the one client command that loads pydantic.
-        from app.client import OwnerSessionClient
+        from ferryman import OwnerSessionClient
 
     async with client, OwnerSessionClient(client) as live:
         if sys.stdout.isatty():

@@ -89,6 +89,7 @@ HELP = [
     ["run", "--help"],
     ["follow", "--help"],
     ["watch", "--help"],
+    ["tools", "--help"],
     ["sessions", "--help"],
     ["sessions", "list", "--help"],
     ["sessions", "send", "--help"],
@@ -122,6 +123,8 @@ CLIENT = [
     ["run", "hi"],
     ["run", "hi", "--no-follow", "--json"],
     ["follow", "some-id"],
+    ["tools"],
+    ["tools", "--json"],
 ]
 
 

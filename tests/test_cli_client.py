@@ -9,11 +9,13 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
+import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -424,6 +426,69 @@ async def test_a_message_to_a_session_waiting_for_approval_says_it_denies_it(
     # Nothing waits any more: a message says nothing of approvals.
     again = await ferryman("sessions", "send", session_id, "thanks")
     assert again.returncode == 0 and again.stderr == "", again
+
+
+@dataclass
+class Terminal:
+    """A shell command at a terminal of its own: a tmux server for this test alone."""
+
+    socket: str
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, shell_command: str) -> Iterator[Terminal]:
+        terminal = cls(f"ferryman-test-{uuid.uuid4().hex[:8]}")
+        terminal.tmux("new-session", "-d", "-x", "200", "-y", "50", shell_command)
+        try:
+            yield terminal
+        finally:
+            subprocess.run(["tmux", "-L", terminal.socket, "kill-server"], capture_output=True)
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True
+        )
+        return done.stdout
+
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", text, "Enter")
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J")
+
+    async def expect(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in (screen := self.screen()):
+            assert time.monotonic() < deadline, f"no {text!r} on the screen:\n{screen}"
+            await asyncio.sleep(0.1)
+        return screen
+
+
+async def test_at_a_terminal_sessions_send_asks_before_denying_approvals(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    script = write_script(tmp_path, NOTE_SCRIPT)
+    run = await ferryman("run", "ask", "--script", script, "--approval-required", "put_note")
+    assert run.returncode == 5, run
+    session_id = run.lines[0].removeprefix("· session ")
+    last_seq = (await ferryman("sessions", "show", session_id, "--json")).json()["lastSeq"]
+    settings = {k: v for k, v in cli_env(ferryman.url, ferryman.key).items() if "FERRYMAN" in k}
+    send = shlex.join(
+        ["env", *(f"{k}={v}" for k, v in settings.items()), *command(), "sessions", "send"]
+    )
+    for answer, code in (("n", 1), ("y", 0)):
+        shell = f"{send} {session_id} 'never mind'; echo EXIT=$?; sleep 60"
+        with Terminal.running(shell) as terminal:
+            asked = await terminal.expect("Send it and deny them? [y/N]")
+            assert "! this message denies every tool call waiting for approval" in asked
+            terminal.type(answer)
+            screen = await terminal.expect("EXIT=")
+        assert f"EXIT={code}" in screen, screen
+        shown = (await ferryman("sessions", "show", session_id, "--json")).json()
+        if answer == "n":  # nothing was sent
+            assert (shown["status"], shown["lastSeq"]) == ("waiting", last_seq), shown
+        else:
+            assert f"sent as event {last_seq + 1} (queued)" in screen, screen
 
 
 async def test_ctrl_c_leaves_the_session_running_and_says_so(

@@ -359,6 +359,21 @@ async def test_run_tells_of_a_worker_crash(
     # The idempotent call is made again, and the session goes on.
     assert lines.count('→ tool sleep {"seconds":3}') == 2
     assert lines[-3:] == ["✓ sleep ok", "Back after the crash.", "· session succeeded"], result
+    # The list and `show` mark the takeover (a server that counts them: `resumes`).
+    session_id = lines[0].removeprefix("· session ")
+    session = (await ferryman("sessions", "show", session_id, "--json")).json()
+    shown = await ferryman("sessions", "show", session_id)
+    listed = await ferryman("sessions", "list", "--json")
+    row = next(line for line in (await ferryman("sessions", "list")).lines if session_id in line)
+    resumes = session.get("resumes", 0)
+    assert [s.get("resumes", 0) for s in listed.json()["sessions"] if s["id"] == session_id] == [
+        resumes
+    ]
+    assert row.split()[3] == str(resumes), row
+    if "resumes" in session:
+        assert resumes == 1, session
+        assert "resumes:  1 (taken over after a worker's crash or shutdown)" in shown.lines
+    assert f"runs:     {session['attempt']}" in shown.lines, shown
 
 
 async def test_run_waits_for_an_approval(

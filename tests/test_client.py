@@ -62,6 +62,7 @@ async def test_async_round_trip(server: ServerProcess, owner_key: tuple[str, str
         assert (created.owner_id, created.title, created.status) == (owner, "first", "queued")
         assert created.metadata == {"team": "a"} and created.last_seq == 1
         assert created.created_at.tzinfo is not None
+        assert (created.attempt, created.resumes) == (0, 0)  # no run, no takeover yet
         again = await ferryman.create_session(
             "hello", title="first", metadata={"team": "a"}, idempotency_key="k1"
         )

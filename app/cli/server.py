@@ -1,10 +1,10 @@
-"""The server commands: serve, worker, migrate, keys.
+"""The server commands: serve, worker, migrate, keys, added to ferryman-client's `ferryman`
+command through the `ferryman.cli` entry point (`register`, named in pyproject.toml).
 
 A command that cannot start says why on one line and exits non-zero (2 for what the user can
 fix: settings, plug-ins, the database, the port; 1 for anything unexpected); `--debug` adds the
 traceback. Every server module (settings, the app, the database layers, uvicorn, even asyncio)
-is imported inside the commands: `ferryman --help` and the client commands load this module and
-must not pay for them.
+is imported inside the commands: `ferryman --help` loads this module and must not pay for them.
 """
 
 from __future__ import annotations

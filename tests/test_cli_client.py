@@ -343,15 +343,14 @@ async def test_run_tells_of_a_worker_crash(
         await run.expect(r'→ tool sleep \{"seconds":3\}')
         first.signal(signal.SIGKILL)
         second = start_worker()  # claims the dead worker's session
-        await run.expect(r"worker restarted", timeout=60)
+        await run.expect(r"took the session over", timeout=60)
         result = await run.finish()
     await ready(second)
     assert result.returncode == 0, result
     lines = result.lines
-    resumed = next(line for line in lines if line.startswith("! worker restarted"))
+    resumed = next(line for line in lines if "took the session over" in line)
     match = re.fullmatch(
-        r"! worker restarted \(crash\): another worker took the session over \(run 2\); "
-        r"interrupted: (\S+)",
+        r"! another worker took the session over after a crash \(run 2\); interrupted: (\S+)",
         resumed,
     )
     assert match, result

@@ -365,8 +365,8 @@ class _View:
         repaired = data.get("repairedToolCalls") or []
         interrupted = ", ".join(str(call) for call in repaired) if repaired else "none"
         self.warning(
-            f"worker restarted ({data.get('reason', 'crash')}): another worker took the session "
-            f"over (run {run}); interrupted: {interrupted}"
+            f"another worker took the session over after a {data.get('reason', 'crash')} "
+            f"(run {run}); interrupted: {interrupted}"
         )
 
     def interrupted(self, event: StreamEvent) -> None:

@@ -135,6 +135,9 @@ def test_client_commands_load_neither_the_server_nor_pydantic(args: list[str]) -
     assert code == 2  # cannot reach the server
     assert {"ferryman.sdk", "httpx"} <= modules
     assert heavy(modules, SERVER + MODELS) == []
+    # Their names are the client's own: the `ferryman.cli` entry points (the server's commands)
+    # are not even read.
+    assert "app" not in modules and "app.cli.server" not in modules
 
 
 def test_watch_loads_the_sdk_models_but_not_the_server() -> None:

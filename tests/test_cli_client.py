@@ -412,13 +412,18 @@ async def test_run_waits_for_an_approval(
     ], followed
 
 
+async def waiting_for_approval(ferryman: Ferryman, tmp_path: Path) -> str:
+    """A session whose put_note call waits for approval: its id."""
+    script = write_script(tmp_path, NOTE_SCRIPT)
+    run = await ferryman("run", "ask", "--script", script, "--approval-required", "put_note")
+    assert run.returncode == 5, run
+    return run.lines[0].removeprefix("· session ")
+
+
 async def test_a_message_to_a_session_waiting_for_approval_says_it_denies_it(
     ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
 ) -> None:
-    script = write_script(tmp_path, NOTE_SCRIPT)
-    run = await ferryman("run", "deny", "--script", script, "--approval-required", "put_note")
-    assert run.returncode == 5, run
-    session_id = run.lines[0].removeprefix("· session ")
+    session_id = await waiting_for_approval(ferryman, tmp_path)
     events = (await ferryman("follow", session_id, "--json", "--no-follow")).ndjson()
     (call_id,) = [e["data"]["toolCallId"] for e in events if e["type"] == "tool_approval_requested"]
     message_seq = max(e["seq"] for e in events if "seq" in e) + 1
@@ -481,10 +486,7 @@ class Terminal:
 async def test_at_a_terminal_sessions_send_asks_before_denying_approvals(
     ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
 ) -> None:
-    script = write_script(tmp_path, NOTE_SCRIPT)
-    run = await ferryman("run", "ask", "--script", script, "--approval-required", "put_note")
-    assert run.returncode == 5, run
-    session_id = run.lines[0].removeprefix("· session ")
+    session_id = await waiting_for_approval(ferryman, tmp_path)
     last_seq = (await ferryman("sessions", "show", session_id, "--json")).json()["lastSeq"]
     settings = {k: v for k, v in cli_env(ferryman.url, ferryman.key).items() if "FERRYMAN" in k}
     send = shlex.join(

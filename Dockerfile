@@ -8,7 +8,10 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 # The migrations: the wheel that `pip install .` builds carries them as app/migrations.
 COPY alembic ./alembic
-RUN pip install . && useradd --system --create-home ferryman \
+# The SDK and the `ferryman` command: a distribution of its own, on no index, so installed from
+# its folder in the same command as the server that requires it.
+COPY clients/python ./clients/python
+RUN pip install ./clients/python . && useradd --system --create-home ferryman \
     && mkdir -p /var/lib/ferryman && chown ferryman /var/lib/ferryman
 USER ferryman
 ENV FERRYMAN_DATA_DIR=/var/lib/ferryman FERRYMAN_HOST=0.0.0.0 FERRYMAN_AUTH=keys

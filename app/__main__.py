@@ -1,3 +1,3 @@
-from app.cli import main
+from ferryman.cli import main
 
 main()

@@ -14,8 +14,8 @@ from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api import streams
-from app.cli import main
 from app.streams.sse import DirectWrites
+from ferryman.cli import main
 
 
 class SseStarletteResponse(EventSourceResponse):

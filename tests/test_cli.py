@@ -116,9 +116,15 @@ async def test_keys_create_list_revoke(server: ServerProcess, database_url: str)
     assert again.returncode != 0
     assert "no active key" in again.stderr
     assert listed.returncode == 0, listed.stderr
-    lines = [line for line in listed.stdout.splitlines() if line.strip()]
-    assert len(lines) == 1 and key_id in lines[0]  # --owner filters
-    assert "revoked" in lines[0] and "active" not in lines[0]
+    header, *rows = [line for line in listed.stdout.splitlines() if line.strip()]
+    assert header.split() == ["ID", "OWNER", "PREFIX", "STATE", "NAME"], listed.stdout
+    assert len(rows) == 1 and key_id in rows[0]  # --owner filters
+    assert rows[0].split()[:4] == [key_id, owner, f"{row[3]}…", "revoked"], listed.stdout
+    assert rows[0].split()[4:] == ["laptop"]
+
+    nobody = await ferryman("keys", "list", "--owner", f"nobody-{uuid.uuid4().hex[:8]}", env=env)
+    assert nobody.returncode == 0, nobody.stderr
+    assert nobody.stdout.startswith("no keys for owner"), nobody.stdout
 
 
 async def test_keys_commands_reject_bad_arguments(database_url: str) -> None:

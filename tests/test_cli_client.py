@@ -9,11 +9,13 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
+import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 
 import app
+import ferryman as sdk
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -29,6 +32,7 @@ from tests.support import (
     client,
     free_port,
     ready,
+    running,
     wait_for_status,
 )
 
@@ -339,18 +343,36 @@ async def test_run_tells_of_a_worker_crash(
         await run.expect(r'→ tool sleep \{"seconds":3\}')
         first.signal(signal.SIGKILL)
         second = start_worker()  # claims the dead worker's session
-        await run.expect(r"worker restarted", timeout=60)
+        await run.expect(r"took the session over", timeout=60)
         result = await run.finish()
     await ready(second)
     assert result.returncode == 0, result
     lines = result.lines
-    resumed = next(line for line in lines if line.startswith("! worker restarted"))
-    match = re.fullmatch(r"! worker restarted, resumed at attempt 2; interrupted: (\S+)", resumed)
+    resumed = next(line for line in lines if "took the session over" in line)
+    match = re.fullmatch(
+        r"! another worker took the session over after a crash \(run 2\); interrupted: (\S+)",
+        resumed,
+    )
     assert match, result
     assert "✗ sleep interrupted: its worker stopped" in lines
     # The idempotent call is made again, and the session goes on.
     assert lines.count('→ tool sleep {"seconds":3}') == 2
     assert lines[-3:] == ["✓ sleep ok", "Back after the crash.", "· session succeeded"], result
+    # The list and `show` mark the takeover (a server that counts them: `resumes`).
+    session_id = lines[0].removeprefix("· session ")
+    session = (await ferryman("sessions", "show", session_id, "--json")).json()
+    shown = await ferryman("sessions", "show", session_id)
+    listed = await ferryman("sessions", "list", "--json")
+    row = next(line for line in (await ferryman("sessions", "list")).lines if session_id in line)
+    resumes = session.get("resumes", 0)
+    assert [s.get("resumes", 0) for s in listed.json()["sessions"] if s["id"] == session_id] == [
+        resumes
+    ]
+    assert row.split()[3] == str(resumes), row
+    if "resumes" in session:
+        assert resumes == 1, session
+        assert "resumes:  1 (taken over after a worker's crash or shutdown)" in shown.lines
+    assert f"runs:     {session['attempt']}" in shown.lines, shown
 
 
 async def test_run_waits_for_an_approval(
@@ -367,6 +389,12 @@ async def test_run_waits_for_an_approval(
         asked,
     )
     assert match, run
+    # Waiting for a decision: the hint names the approval, and what a message would do.
+    assert run.lines[-1] == (
+        f"· session waiting; decide with `ferryman sessions approve {session_id} CALL_ID "
+        "[--deny]` (a message, `ferryman sessions send`, denies every tool call waiting for "
+        "approval)"
+    ), run
     approved = await ferryman("sessions", "approve", session_id, match.group(1))
     assert approved.returncode == 0, approved
     assert approved.stdout == f"{match.group(1)} approved; session {session_id} is queued\n"
@@ -376,12 +404,136 @@ async def test_run_waits_for_an_approval(
     decided = lines.index(f"· tool call {match.group(1)} approved")
     assert lines[decided:] == [
         lines[decided],
-        "· resumed at attempt 2",
+        "· continuing (run 2)",  # a new run after the decision, not a takeover
         '→ tool put_note {"key":"a","text":"b"}',
         "✓ put_note ok",
         "All done: the note is saved.",
         "· session succeeded",
     ], followed
+
+
+async def waiting_for_approval(ferryman: Ferryman, tmp_path: Path) -> str:
+    """A session whose put_note call waits for approval: its id."""
+    script = write_script(tmp_path, NOTE_SCRIPT)
+    run = await ferryman("run", "ask", "--script", script, "--approval-required", "put_note")
+    assert run.returncode == 5, run
+    return run.lines[0].removeprefix("· session ")
+
+
+async def test_a_message_to_a_session_waiting_for_approval_says_it_denies_it(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    session_id = await waiting_for_approval(ferryman, tmp_path)
+    events = (await ferryman("follow", session_id, "--json", "--no-follow")).ndjson()
+    (call_id,) = [e["data"]["toolCallId"] for e in events if e["type"] == "tool_approval_requested"]
+    message_seq = max(e["seq"] for e in events if "seq" in e) + 1
+
+    # No terminal: the warning, then the message is sent (scripts keep working).
+    sent = await ferryman("sessions", "send", session_id, "never mind")
+    assert sent.returncode == 0, sent
+    assert sent.stdout == f"sent as event {message_seq} (queued)\n", sent
+    assert sent.stderr == (
+        "! this message denies every tool call waiting for approval: "
+        f"put_note ({call_id}); to decide instead: "
+        f"`ferryman sessions approve {session_id} CALL_ID [--deny]`\n"
+    ), sent
+    followed = await ferryman("follow", session_id, "--after", str(message_seq))
+    assert followed.returncode == 0, followed
+    assert "✗ put_note denied: the user sent a message instead of deciding" in followed.lines
+    assert followed.lines[-1] == "· session succeeded", followed
+
+    # Nothing waits any more: a message says nothing of approvals.
+    again = await ferryman("sessions", "send", session_id, "thanks")
+    assert again.returncode == 0 and again.stderr == "", again
+
+
+@dataclass
+class Terminal:
+    """A shell command at a terminal of its own: a tmux server for this test alone."""
+
+    socket: str
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, shell_command: str) -> Iterator[Terminal]:
+        terminal = cls(f"ferryman-test-{uuid.uuid4().hex[:8]}")
+        terminal.tmux("new-session", "-d", "-x", "200", "-y", "50", shell_command)
+        try:
+            yield terminal
+        finally:
+            subprocess.run(["tmux", "-L", terminal.socket, "kill-server"], capture_output=True)
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True
+        )
+        return done.stdout
+
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", text, "Enter")
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J")
+
+    async def expect(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in (screen := self.screen()):
+            assert time.monotonic() < deadline, f"no {text!r} on the screen:\n{screen}"
+            await asyncio.sleep(0.1)
+        return screen
+
+
+async def test_at_a_terminal_sessions_send_asks_before_denying_approvals(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    session_id = await waiting_for_approval(ferryman, tmp_path)
+    last_seq = (await ferryman("sessions", "show", session_id, "--json")).json()["lastSeq"]
+    settings = {k: v for k, v in cli_env(ferryman.url, ferryman.key).items() if "FERRYMAN" in k}
+    send = shlex.join(
+        ["env", *(f"{k}={v}" for k, v in settings.items()), *command(), "sessions", "send"]
+    )
+    for answer, code in (("n", 1), ("y", 0)):
+        shell = f"{send} {session_id} 'never mind'; echo EXIT=$?; sleep 60"
+        with Terminal.running(shell) as terminal:
+            asked = await terminal.expect("Send it and deny them? [y/N]")
+            assert "! this message denies every tool call waiting for approval" in asked
+            terminal.type(answer)
+            screen = await terminal.expect("EXIT=")
+        assert f"EXIT={code}" in screen, screen
+        shown = (await ferryman("sessions", "show", session_id, "--json")).json()
+        if answer == "n":  # nothing was sent
+            assert (shown["status"], shown["lastSeq"]) == ("waiting", last_seq), shown
+        else:
+            assert f"sent as event {last_seq + 1} (queued)" in screen, screen
+
+
+async def test_ctrl_c_leaves_the_session_running_and_says_so(
+    ferryman: Ferryman, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    sleeping = write_script(
+        tmp_path, [{"toolCalls": [{"name": "sleep", "arguments": {"seconds": 60}}]}]
+    )
+    async with ferryman.running("run", "sleep", "--script", sleeping) as run:
+        session_id = (await run.expect(rf"· session ({UUID.pattern})")).group(1)
+        await run.expect(r'→ tool sleep \{"seconds":60\}')
+        run.proc.send_signal(signal.SIGINT)
+        interrupted = await run.finish()
+    async with ferryman.running("follow", session_id) as follow:
+        await follow.expect(r'→ tool sleep \{"seconds":60\}')
+        follow.proc.send_signal(signal.SIGINT)
+        interrupted_follow = await follow.finish()
+    for result in (interrupted, interrupted_follow):
+        assert result.returncode == 130, result
+        assert "Traceback" not in result.stderr
+        assert result.stderr == (
+            f"· interrupted; session {session_id} goes on on the server: "
+            f"`ferryman follow {session_id}` follows it again, "
+            f"`ferryman sessions cancel {session_id}` cancels it\n"
+        ), result
+    shown = (await ferryman("sessions", "show", session_id, "--json")).json()
+    assert shown["status"] == "running", shown
+    cancelled = await ferryman("sessions", "cancel", session_id, "--wait")
+    assert cancelled.stdout == f"{session_id} cancelled\n", cancelled
 
 
 async def test_run_refuses_bad_input(ferryman: Ferryman, tmp_path: Path) -> None:
@@ -423,7 +575,7 @@ async def test_sessions_commands(ferryman: Ferryman) -> None:
     table = await ferryman("sessions", "list")
     assert table.returncode == 0, table
     header, *rows = table.lines
-    assert header.split() == ["ID", "TITLE", "STATUS", "ATTEMPT", "UPDATED"]
+    assert header.split() == ["ID", "TITLE", "STATUS", "RESUMES", "UPDATED"]
     assert [row.split()[:4] for row in rows] == [
         [second_id, "Second", "queued", "0"],
         [first_id, "First", "queued", "0"],
@@ -438,6 +590,7 @@ async def test_sessions_commands(ferryman: Ferryman) -> None:
     assert fields["id"].strip() == first_id
     assert fields["status"].strip() == "queued"
     assert fields["prompt"].strip() == "first prompt"
+    assert (fields["runs"].strip(), fields["resumes"].strip()) == ("0", "0")
     as_json = (await ferryman("sessions", "show", first_id, "--json")).json()
     assert as_json["id"] == first_id and as_json["lastSeq"] == 1
 
@@ -475,7 +628,18 @@ async def test_connection_and_auth_errors(api: ServerProcess) -> None:
     for result in unreachable:
         assert_one_error_line(result, 2, "cannot reach Ferryman at http://127.0.0.1:")
     wrong_key = await Ferryman(api.url, "fm_not_a_key")("sessions", "list")
-    assert_one_error_line(wrong_key, 1, "401")
+    assert_one_error_line(wrong_key, 1, "401 INVALID_API_KEY", "--api-key", "FERRYMAN_API_KEY")
+
+
+async def test_no_key_in_keys_mode_names_the_option_and_the_variable(isolated_db: str) -> None:
+    with running(ServerProcess(isolated_db, env={"FERRYMAN_AUTH": "keys"})) as keys_mode:
+        anonymous = Ferryman(keys_mode.url, None)
+        results = await asyncio.gather(
+            anonymous("sessions", "list"), anonymous("run", "x"), anonymous("tools")
+        )
+    for result in results:
+        assert_one_error_line(result, 1, "401 AUTH_REQUIRED", "--api-key", "FERRYMAN_API_KEY")
+        assert "Authorization" not in result.stderr  # the CLI's words, not HTTP's
 
 
 # --- follow -------------------------------------------------------------------------------------
@@ -533,7 +697,8 @@ async def test_follow_waits_for_the_end_unless_told_not_to(
     assert sent.returncode == 0, sent
     assert sent.lines[0] == "sent as event 5 (queued)"
     assert sent.lines[-1] == "· session succeeded"
-    assert "· resumed at attempt 2" in sent.lines
+    assert "· continuing (run 2)" in sent.lines  # never announced as a resume
+    assert not any("resumed" in line or "took the session over" in line for line in sent.lines)
     again = await ferryman("follow", queued)
     assert again.lines.count("· session succeeded") == 2, again
     assert again.returncode == 0
@@ -551,13 +716,13 @@ async def test_watch_prints_changes_until_interrupted(
         ferryman = Ferryman(server.url, key)
         old = (await ferryman("run", "before watching", "--no-follow")).stdout.strip()
         async with ferryman.running("watch") as watch:
-            await watch.expect(rf"{old} queued +attempt 0 before watching")
+            await watch.expect(rf"{old} queued +resumes 0 before watching")
             await watch.expect(r"\d\d:\d\d:\d\d connected")
             worker = start_worker()
-            await watch.expect(rf"{old} succeeded +attempt 1 before watching")
+            await watch.expect(rf"{old} succeeded +resumes 0 before watching")
             new = (await ferryman("run", "while watching", "--no-follow")).stdout.strip()
-            await watch.expect(rf"{new} \w+ +attempt \d while watching")
-            await watch.expect(rf"{new} succeeded +attempt 1 while watching")
+            await watch.expect(rf"{new} \w+ +resumes \d while watching")
+            await watch.expect(rf"{new} succeeded +resumes 0 while watching")
             await ferryman("sessions", "delete", old)
             await watch.expect(rf"{old} deleted")
 
@@ -569,7 +734,7 @@ async def test_watch_prints_changes_until_interrupted(
             ).start()
             await watch.expect(r"^\d\d:\d\d:\d\d connected$", timeout=60)
             await ferryman("sessions", "rename", new, "renamed while watching")
-            await watch.expect(rf"{new} succeeded +attempt 1 renamed while watching")
+            await watch.expect(rf"{new} succeeded +resumes 0 renamed while watching")
 
             watch.proc.send_signal(signal.SIGINT)
             result = await watch.finish()
@@ -580,6 +745,42 @@ async def test_watch_prints_changes_until_interrupted(
     assert "Traceback" not in result.stderr and result.stderr == "", result
 
 
+# --- tools --------------------------------------------------------------------------------------
+
+
+async def test_tools_lists_the_live_catalog(ferryman: Ferryman, worker: WorkerProcess) -> None:
+    table, as_json = await asyncio.gather(ferryman("tools"), ferryman("tools", "--json"))
+    assert table.returncode == 0 and as_json.returncode == 0, (table, as_json)
+    catalog = as_json.json()
+    names = [tool["name"] for tool in catalog["tools"]]
+    assert {"sleep", "put_note", "get_note", "ask_user"} <= set(names)
+    header, *rows = table.lines
+    columns = ["NAME", "SOURCE", "APPROVAL", "IDEMPOTENT"]
+    by_name = {row.split()[0]: row.split() for row in rows}
+    assert list(by_name) == names, table
+    if "workers" in catalog:
+        # A server that counts live workers: this test's worker at least offers every tool.
+        assert header.split() == [*columns, "WORKERS"], table
+        total = catalog["workers"]
+        assert total >= 1
+        for tool in catalog["tools"]:
+            assert by_name[tool["name"]][-1] == f"{tool['workers']}/{total}", table
+    else:
+        assert header.split() == columns, table
+    assert by_name["get_note"][:4] == ["get_note", "builtin", "-", "yes"], table
+    assert by_name["ask_user"][1] == "builtin", table
+
+
+async def test_tools_says_when_no_worker_is_alive(ferryman: Ferryman) -> None:
+    catalog = (await ferryman("tools", "--json")).json()
+    result = await ferryman("tools")
+    assert result.returncode == 0, result
+    if catalog.get("workers") == 0:
+        assert result.lines[0].startswith("no worker is alive: sessions stay queued"), result
+    else:  # a server that does not count them: the catalog as it has it
+        assert "no worker is alive" not in result.stdout, result
+
+
 # --- the command itself -------------------------------------------------------------------------
 
 
@@ -588,7 +789,9 @@ async def test_version_and_help(api: ServerProcess) -> None:
     version, help_, run_help = await asyncio.gather(
         ferryman("--version"), ferryman("--help"), ferryman("run", "--help")
     )
-    assert version.returncode == 0 and version.stdout == f"ferryman {app.__version__}\n"
+    assert version.returncode == 0, version
+    # Each distribution that makes up the command: the client's, then the server's.
+    assert version.stdout == f"ferryman-client {sdk.__version__}\nferryman {app.__version__}\n"
     for name in ("serve", "worker", "migrate", "keys", "run", "follow", "sessions", "watch"):
         assert re.search(rf"^  {name} ", help_.stdout, re.M), help_
     assert "Exit status:" in run_help.stdout

@@ -18,7 +18,7 @@ from tests.support import REPO, free_port
 # Build the CLI as `ferryman` does, run one command line, and report what it loaded.
 PROBE = """
 import json, sys
-from app.cli import cli
+from ferryman.cli import cli
 try:
     cli.main(sys.argv[1:], prog_name="ferryman")
 except SystemExit as exit:
@@ -52,7 +52,7 @@ SERVER = (
     "app.streams",
 )
 # Neither does any client command but `watch`: they read the API's JSON as it comes.
-MODELS = ("pydantic", "pydantic_core", "pydantic_settings", "typer", "app.client.models")
+MODELS = ("pydantic", "pydantic_core", "pydantic_settings", "typer", "ferryman.models")
 
 
 def loaded(*args: str) -> tuple[int, set[str]]:
@@ -89,6 +89,7 @@ HELP = [
     ["run", "--help"],
     ["follow", "--help"],
     ["watch", "--help"],
+    ["tools", "--help"],
     ["sessions", "--help"],
     ["sessions", "list", "--help"],
     ["sessions", "send", "--help"],
@@ -106,7 +107,7 @@ def test_help_loads_neither_the_server_nor_pydantic(args: list[str]) -> None:
     code, modules = loaded(*args)
     assert code in (0, 2)
     assert heavy(modules, SERVER + MODELS) == []
-    assert "app.client" not in modules  # nor the SDK, httpx and rich: nothing runs
+    assert "ferryman.sdk" not in modules  # nor the SDK, httpx and rich: nothing runs
     assert "httpx" not in modules and "rich" not in modules
 
 
@@ -122,6 +123,8 @@ CLIENT = [
     ["run", "hi"],
     ["run", "hi", "--no-follow", "--json"],
     ["follow", "some-id"],
+    ["tools"],
+    ["tools", "--json"],
 ]
 
 
@@ -130,14 +133,17 @@ def test_client_commands_load_neither_the_server_nor_pydantic(args: list[str]) -
     """Run up to their request (nothing listens): the SDK and httpx loaded, nothing more."""
     code, modules = loaded(*args)
     assert code == 2  # cannot reach the server
-    assert {"app.client", "httpx"} <= modules
+    assert {"ferryman.sdk", "httpx"} <= modules
     assert heavy(modules, SERVER + MODELS) == []
+    # Their names are the client's own: the `ferryman.cli` entry points (the server's commands)
+    # are not even read.
+    assert "app" not in modules and "app.cli.server" not in modules
 
 
 def test_watch_loads_the_sdk_models_but_not_the_server() -> None:
     code, modules = loaded("watch")
     assert code == 2
-    assert "app.client.models" in modules  # its live picture is of models
+    assert "ferryman.models" in modules  # its live picture is of models
     assert heavy(modules, SERVER) == []
 
 

@@ -1,6 +1,6 @@
-"""The SDK (app/client) against real servers: `Ferryman` and `AsyncFerryman` round trips with
-typed results and typed errors, streams that survive restarts and full stream slots, and a
-session folded from its live stream by a real worker's run."""
+"""The SDK (ferryman, clients/python) against real servers: `Ferryman` and `AsyncFerryman`
+round trips with typed results and typed errors, streams that survive restarts and full stream
+slots, and a session folded from its live stream by a real worker's run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from app.client import (
+from ferryman import (
     ApiError,
     AsyncFerryman,
     AuthenticationError,
@@ -33,7 +33,7 @@ from app.client import (
     ToolInfo,
     UnprocessableEntityError,
 )
-from app.client.errors import api_error
+from ferryman.errors import api_error
 from tests.support import (
     REPO,
     ServerProcess,
@@ -62,6 +62,7 @@ async def test_async_round_trip(server: ServerProcess, owner_key: tuple[str, str
         assert (created.owner_id, created.title, created.status) == (owner, "first", "queued")
         assert created.metadata == {"team": "a"} and created.last_seq == 1
         assert created.created_at.tzinfo is not None
+        assert (created.attempt, created.resumes) == (0, 0)  # no run, no takeover yet
         again = await ferryman.create_session(
             "hello", title="first", metadata={"team": "a"}, idempotency_key="k1"
         )
@@ -136,13 +137,9 @@ async def test_iterators_follow_every_page(
         assert [s.id for s in sync.iter_sessions(status=["queued"])] == made[::-1]
 
 
-async def test_definition_and_tools(server: ServerProcess, owner_key: tuple[str, str]) -> None:
+async def test_definition(server: ServerProcess, owner_key: tuple[str, str]) -> None:
     _, key = owner_key
     async with AsyncFerryman(server.url, api_key=key) as ferryman:
-        tools = {t.name: t for t in await ferryman.list_tools()}
-        assert all(isinstance(t, ToolInfo) for t in tools.values())
-        assert tools["get_note"].source == "builtin" and tools["get_note"].idempotent
-        assert tools["put_note"].parameters["type"] == "object"
         created = await ferryman.create_session(
             "hi",
             instructions="Be brief.",
@@ -158,6 +155,24 @@ async def test_definition_and_tools(server: ServerProcess, owner_key: tuple[str,
             await ferryman.decide_tool_call(created.id, "call_x", True, reason="fine")
         assert error.value.code == "APPROVAL_NOT_PENDING"
         await ferryman.cancel_session(created.id)
+
+
+async def test_the_tool_catalog(api: ServerProcess, key: str, start_worker: StartWorker) -> None:
+    await ready(start_worker())
+    async with AsyncFerryman(api.url, api_key=key) as ferryman:
+        catalog = await ferryman.list_tools()
+    assert all(isinstance(t, ToolInfo) for t in catalog.tools)
+    tools = {t.name: t for t in catalog.tools}
+    assert tools["get_note"].source == "builtin" and tools["get_note"].idempotent
+    assert tools["put_note"].parameters["type"] == "object"
+    # A server that counts live workers says how many there are and how many offer each tool
+    # (this test's worker at least; one another test killed may not have expired yet).
+    if catalog.workers is not None:
+        assert catalog.workers >= 1
+        assert all(1 <= (t.workers or 0) <= catalog.workers for t in catalog.tools)
+    with Ferryman(api.url, api_key=key) as sync:
+        raw = sync.raw.list_tools()
+    assert [t["name"] for t in raw["tools"]] == [t.name for t in catalog.tools]
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -249,11 +264,12 @@ def test_url_and_key_from_the_environment(
 
 
 def test_the_sdk_imports_nothing_else_of_the_app() -> None:
-    """app/client stands alone (httpx, httpx-sse, pydantic), so CLI commands on it start fast."""
+    """The SDK (clients/python) stands alone (httpx, httpx-sse, pydantic): every name it
+    exports loads, from the checkout where `app` could be imported, and no `app` module comes."""
     code = (
-        "import sys, app.client; "
-        "print(sorted(m for m in sys.modules if m.startswith('app.')"
-        " and not m.startswith('app.client')))"
+        "import sys, ferryman; "
+        "[getattr(ferryman, name) for name in ferryman.__all__]; "
+        "print(sorted(m for m in sys.modules if m == 'app' or m.startswith('app.')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True

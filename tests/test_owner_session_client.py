@@ -1,4 +1,4 @@
-"""OwnerSessionClient (app/client/live.py) against real servers: its picture of an owner's
+"""OwnerSessionClient (ferryman/live.py) against real servers: its picture of an owner's
 sessions ends equal to the server's through a proxy that cuts the stream every few KB and
 drops every connection on cue, across an API server restart, after `resync_required`, after
 an event about a session it does not know, and through a worker's run."""
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app.client import AsyncFerryman, AuthenticationError, OwnerSessionClient, Session
-from app.client.live import Picture
+from ferryman import AsyncFerryman, AuthenticationError, OwnerSessionClient, Session
+from ferryman.live import Picture
 from tests.support import ServerProcess, WorkerProcess, create_owner_key, query, running
 
 FAST = {"reconnect_delay": 0.02, "max_reconnect_delay": 0.3}

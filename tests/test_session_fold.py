@@ -1,4 +1,4 @@
-"""SessionFold (app/client/fold.py), pure: properties over generated session logs (replays and
+"""SessionFold (ferryman/fold.py), pure: properties over generated session logs (replays and
 duplicates change nothing; a resume fails exactly its repaired calls; a stream's fold ends as
 a transcript's), and examples of streamed text being replaced or dropped."""
 
@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.client import SessionFold, StreamEvent
-from app.client.fold import INTERRUPTED, Conversation
+from ferryman import SessionFold, StreamEvent
+from ferryman.fold import INTERRUPTED, Conversation
 
 TS = "2025-01-01T00:00:00.000Z"
 

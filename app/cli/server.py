@@ -1,10 +1,10 @@
-"""The server commands: serve, worker, migrate, keys.
+"""The server commands: serve, worker, migrate, keys, added to ferryman-client's `ferryman`
+command through the `ferryman.cli` entry point (`register`, named in pyproject.toml).
 
 A command that cannot start says why on one line and exits non-zero (2 for what the user can
 fix: settings, plug-ins, the database, the port; 1 for anything unexpected); `--debug` adds the
 traceback. Every server module (settings, the app, the database layers, uvicorn, even asyncio)
-is imported inside the commands: `ferryman --help` and the client commands load this module and
-must not pay for them.
+is imported inside the commands: `ferryman --help` loads this module and must not pay for them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from app.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line
+from ferryman.cli.common import (
+    DEBUG_HINT,
+    Exit,
+    Group,
+    debugging,
+    fail,
+    one_line,
+    table_console,
+)
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -403,9 +411,22 @@ def keys_list(owner: str | None) -> None:
     from app.store import keys as key_store
 
     rows = _with_db(lambda conn: key_store.list_keys(conn, owner))
+    if not rows:
+        click.echo("no keys" + (f" for owner {owner!r}" if owner else ""))
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "OWNER", "PREFIX", "STATE", "NAME"):
+        table.add_column(column, no_wrap=column != "NAME")
     for row in rows:
         state = "revoked" if row["revoked_at"] else "active"
-        click.echo(f"{row['id']}  {row['owner_id']:<20} {row['prefix']}…  {state}  {row['name']}")
+        # Owners and names are text, not rich markup.
+        table.add_row(
+            str(row["id"]), Text(row["owner_id"]), f"{row['prefix']}…", state, Text(row["name"])
+        )
+    table_console().print(table, soft_wrap=False)
 
 
 @keys_cli.command("revoke")
@@ -426,6 +447,6 @@ def keys_revoke(key_id: str) -> None:
 
 
 def register(cli: click.Group) -> None:
-    """Add the server commands to `cli`."""
+    """Add the server commands to `cli` (the `ferryman.cli` entry point, pyproject.toml)."""
     for command in (serve, worker_command, migrate_command, keys_cli):
         cli.add_command(command)

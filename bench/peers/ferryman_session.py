@@ -35,7 +35,7 @@ def worker(url: str, concurrency: int, ready: str) -> None:
     import app.db.bootstrap
     import app.runtime.worker
     import app.services  # noqa: F401
-    from app.cli import cli
+    from ferryman.cli import cli
 
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("FERRYMAN_LOG_FORMAT", "json")

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from click.shell_completion import get_completion_class
 
-from app.cli.common import Exit
+from ferryman.cli.common import Exit
 
 
 def _script(ctx: click.Context) -> tuple[str, str, str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from app.client.models import Event, StreamEvent
+from ferryman.models import Event, StreamEvent
 
 Role = Literal["user", "assistant"]
 ToolCallStatus = Literal[

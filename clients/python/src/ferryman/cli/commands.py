@@ -1,6 +1,6 @@
-"""The client commands: run, sessions ..., follow, watch.
+"""The client commands: run, follow, watch, tools, sessions ....
 
-They stand on the SDK (app.client) alone, never on the server's modules, so they start fast and
+They stand on the SDK alone, never on the server's modules, so they start fast and
 work against any Ferryman URL: FERRYMAN_URL (default http://127.0.0.1:8000) and
 FERRYMAN_API_KEY, or --url and --api-key. The SDK, rich and asyncio are imported inside the
 commands: `ferryman --help` loads none of them. The commands take the API's JSON as it comes
@@ -8,8 +8,9 @@ commands: `ferryman --help` loads none of them. The commands take the API's JSON
 (only `watch`, on `OwnerSessionClient`, does).
 
 A request the API refuses prints `error: <status> <CODE>: <detail>` and exits 1; a server that
-cannot be reached, or bad usage, exits 2; Ctrl-C exits 130 without a traceback. Commands that
-follow a session exit with a code that says how it ended (EXIT_CODES_HELP).
+cannot be reached, or bad usage, exits 2; Ctrl-C exits 130 without a traceback (a command that
+follows a session says that the session goes on, and how to follow or cancel it). Commands that
+follow a session exit with a code that says how it ended (`exit_codes_help`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from app.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line
+from ferryman.cli.common import DEBUG_HINT, Exit, Group, debugging, fail, one_line, table_console
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    from app.client import AsyncFerryman, Ferryman, OwnerSessionClient, Session, StreamEvent
+    from ferryman import (
+        ApiError,
+        AsyncFerryman,
+        Ferryman,
+        OwnerSessionClient,
+        Session,
+        StreamEvent,
+    )
 
 
 # --- exit codes ---------------------------------------------------------------------------------
@@ -45,17 +53,25 @@ STATUS_EXIT = {"succeeded": 0, "failed": 3, "cancelled": 4, "waiting": 5}
 EXIT_NOT_FINISHED = 6  # queued or running when the command stopped following
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
-EXIT_CODES_HELP = """\b
-Exit status:
-  0    the session succeeded
-  1    the API refused a request (the error line says why)
-  2    bad usage, or the server cannot be reached
-  3    the session failed
-  4    the session was cancelled
-  5    the session is waiting: for a message (`ferryman sessions send`),
-       or for an approval (`ferryman sessions approve`)
-  6    the session is still queued or running (--no-follow)
-  130  interrupted (Ctrl-C)"""
+
+def exit_codes_help(*, created: str = "", not_finished: bool = True) -> str:
+    """The exit statuses of a command that follows a session: `created`, what the status 0
+    also means; `not_finished`, whether 6 can happen."""
+    lines = [
+        "\b",
+        "Exit status:",
+        f"  0    the session succeeded{created}",
+        "  1    the API refused a request (the error line says why)",
+        "  2    bad usage, or the server cannot be reached",
+        "  3    the session failed",
+        "  4    the session was cancelled",
+        "  5    the session is waiting: for a message (`ferryman sessions send`),",
+        "       or for an approval (`ferryman sessions approve`)",
+    ]
+    if not_finished:
+        lines.append("  6    the session is still queued or running (--no-follow)")
+    lines.append("  130  interrupted (Ctrl-C); the session goes on on the server")
+    return "\n".join(lines)
 
 
 def status_exit(status: str) -> int:
@@ -116,7 +132,7 @@ def _errors() -> Iterator[None]:
     """The SDK's failures as one line and an exit code (with the traceback too under
     `--debug`); Ctrl-C as a quiet 130."""
     with _quick_imports():
-        from app.client import ApiError, FerrymanConnectionError
+        from ferryman import ApiError, FerrymanConnectionError
 
     try:
         yield
@@ -132,16 +148,29 @@ def _errors() -> Iterator[None]:
         if isinstance(exc, FerrymanConnectionError):
             fail(str(exc), EXIT_USAGE)
         if isinstance(exc, ApiError):
-            fail(str(exc), EXIT_API_ERROR)
+            fail(_refusal(exc), EXIT_API_ERROR)
         # Not the SDK's word: an answer it could not read, say.
         hint = "" if debugging() else f" ({DEBUG_HINT})"
         fail(f"{type(exc).__name__}: {one_line(exc)}{hint}", EXIT_API_ERROR)
 
 
+# A refusal the command line's user answers with an option, not an HTTP header.
+AUTH_HINTS = {
+    "AUTH_REQUIRED": "the server requires an API key: pass --api-key KEY or set FERRYMAN_API_KEY"
+    " (`ferryman keys create --owner NAME` on the server makes one)",
+    "INVALID_API_KEY": "the API key (--api-key or FERRYMAN_API_KEY) is unknown or revoked",
+}
+
+
+def _refusal(error: ApiError) -> str:
+    hint = AUTH_HINTS.get(error.code)
+    return f"{error.status} {error.code}: {hint}" if hint else str(error)
+
+
 @contextlib.contextmanager
 def _client(url: str | None, api_key: str | None) -> Iterator[Ferryman]:
     with _errors():
-        from app.client import Ferryman
+        from ferryman import Ferryman
 
         with Ferryman(url or None, api_key=api_key or None) as client:
             yield client
@@ -162,6 +191,8 @@ def _print_json(value: Any, *, indent: int | None = 2) -> None:
 # --- a session's events, for a person -----------------------------------------------------------
 
 MAX_ARGUMENTS_CHARS = 200  # of a tool call's arguments, on its line
+# What a message does to the calls that wait for approval (the API's rule).
+DENIES = "denies every tool call waiting for approval"
 MAX_RESULT_CHARS = 200  # of a failed tool call's result
 
 
@@ -191,6 +222,7 @@ class _View:
 
     def __init__(self, *, in_step: bool = False) -> None:
         self.partial = ""  # this turn's text streamed so far
+        self.pending_approvals: set[str] = set()  # the calls seen waiting for a decision
         # Whether a durable event came live: deltas from then on are whole turns. `run`
         # streams a session from its creation: before any turn.
         self.in_step = in_step
@@ -266,6 +298,7 @@ class _View:
             self.notice("the reply was cut short")
 
     def user_message(self, event: StreamEvent) -> None:
+        self.pending_approvals.clear()  # a message denies them
         self.line(f"» {event.data.get('text', '')}", fg="cyan")
 
     def tool_call_start(self, event: StreamEvent) -> None:
@@ -274,6 +307,7 @@ class _View:
 
     def tool_result(self, event: StreamEvent) -> None:
         data = event.data
+        self.pending_approvals.discard(str(data.get("toolCallId")))
         name = data.get("name")
         content = _short(str(data.get("content", "")), MAX_RESULT_CHARS)
         if not data.get("isError"):
@@ -290,6 +324,7 @@ class _View:
     def approval_requested(self, event: StreamEvent) -> None:
         data = event.data
         call = data.get("toolCallId")
+        self.pending_approvals.add(str(call))
         self.line(
             f"? tool {data.get('name')} {_arguments(data.get('arguments', {}))} waits for "
             f"approval: ferryman sessions approve {event.session_id} {call} [--deny]",
@@ -298,6 +333,7 @@ class _View:
 
     def approval_decided(self, event: StreamEvent) -> None:
         data = event.data
+        self.pending_approvals.discard(str(data.get("toolCallId")))
         verdict = "approved" if data.get("approved") else "denied"
         reason = f": {data['reason']}" if data.get("reason") else ""
         self.notice(f"tool call {data.get('toolCallId')} {verdict}{reason}")
@@ -321,14 +357,17 @@ class _View:
     def resumed(self, event: StreamEvent) -> None:
         data = event.data
         self.drop_partial("the session was resumed")
-        attempt = data.get("attempt")
+        run = data.get("attempt")
         if data.get("reason") == "follow_up":
-            # Re-queued by a message or an approval decision.
-            self.notice(f"resumed at attempt {attempt}")
+            # Re-queued by a message or an approval decision: a new run, not a takeover.
+            self.notice(f"continuing (run {run})")
             return
         repaired = data.get("repairedToolCalls") or []
         interrupted = ", ".join(str(call) for call in repaired) if repaired else "none"
-        self.warning(f"worker restarted, resumed at attempt {attempt}; interrupted: {interrupted}")
+        self.warning(
+            f"another worker took the session over after a {data.get('reason', 'crash')} "
+            f"(run {run}); interrupted: {interrupted}"
+        )
 
     def interrupted(self, event: StreamEvent) -> None:
         self.drop_partial("its worker stopped")
@@ -347,7 +386,12 @@ class _View:
             )
         if data.get("note"):
             detail += f" ({data['note']})"
-        if status == "waiting":
+        if status == "waiting" and self.pending_approvals:
+            detail += (
+                f"; decide with `ferryman sessions approve {event.session_id} CALL_ID [--deny]`"
+                f" (a message, `ferryman sessions send`, {DENIES})"
+            )
+        elif status == "waiting":
             detail += f"; answer with `ferryman sessions send {event.session_id} TEXT`"
         color = {"succeeded": "green", "failed": "red"}.get(status)
         self.line(f"· session {status}{detail}", fg=color, dim=color is None)
@@ -369,6 +413,28 @@ def _follow(
     `caught_up` confirms nothing came after it (a follow-up re-queues an ended session).
     `from_creation`: the stream starts as the session was created, before any turn, so token
     deltas can be shown from the first one (see `_View`)."""
+    try:
+        return _show_events(client, session_id, after, follow, as_json, from_creation)
+    except KeyboardInterrupt:
+        _end_line()
+        click.secho(
+            f"· interrupted; session {session_id} goes on on the server: "
+            f"`ferryman follow {session_id}` follows it again, "
+            f"`ferryman sessions cancel {session_id}` cancels it",
+            err=True,
+            dim=True,
+        )
+        raise Exit(EXIT_INTERRUPTED) from None
+
+
+def _show_events(
+    client: Ferryman,
+    session_id: str,
+    after: int | None,
+    follow: bool,
+    as_json: bool,
+    from_creation: bool,
+) -> int:
     view = _View(in_step=from_creation)
     ended: str | None = None  # the status of a session_end that is the last event seen
     live = False
@@ -479,7 +545,8 @@ def run(
 ) -> None:
     """Start a session and stream it: the reply as it comes, tool calls, retries and resumes.
 
-    With --no-follow, print the new session's id (or, with --json, the session) and exit 0.
+    With --no-follow, print the new session's id (or, with --json, the session) and exit 0
+    once it is created, whatever comes of it.
     """
     turns = _read_script(script) if script is not None else None
     with _client(url, api_key) as client:
@@ -567,12 +634,13 @@ def _when(moment: str) -> str:
     return local.strftime("%Y-%m-%d %H:%M")
 
 
-def _console() -> Console:
-    from rich.console import Console
+def _resumes(session: dict[str, Any]) -> Text:
+    """How many times another worker took the session over (a crash or a shutdown): marked
+    when any. Not `attempt`, which counts every run, a follow-up's too."""
+    from rich.text import Text
 
-    # Piped: no width to fit, so no column is cut (ids must stay whole to be pasted back).
-    console = Console()
-    return console if console.is_terminal else Console(width=10_000)
+    resumes = int(session.get("resumes", 0))  # a server before `resumes` counted none
+    return Text(str(resumes), style="yellow" if resumes else "dim")
 
 
 def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
@@ -584,7 +652,7 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
     table.add_column("ID", no_wrap=True)
     table.add_column("TITLE", overflow="ellipsis", no_wrap=True, ratio=1)
     table.add_column("STATUS", no_wrap=True)
-    table.add_column("ATTEMPT", justify="right", no_wrap=True)
+    table.add_column("RESUMES", justify="right", no_wrap=True)
     table.add_column("UPDATED", no_wrap=True)
     for session in sessions:
         status = str(session["status"])
@@ -592,7 +660,7 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
             str(session["id"]),
             Text(str(session["title"])),  # a title is text, not rich markup
             Text(status, style=STATUS_STYLES.get(status, "")),
-            str(session["attempt"]),
+            _resumes(session),
             _when(session["updatedAt"]),
         )
     return table
@@ -632,7 +700,7 @@ def sessions_list(
     if not page["sessions"]:
         click.echo("no sessions")
         return
-    console = _console()
+    console = table_console()
     console.print(_sessions_table(page["sessions"]), soft_wrap=False)
     if page.get("nextPageToken"):
         console.print(f"[dim]… more: --limit {min(limit * 2, 200)}[/]")
@@ -644,7 +712,7 @@ def sessions_list(
 @url_option
 @api_key_option
 def sessions_show(session_id: str, as_json: bool, url: str | None, api_key: str | None) -> None:
-    """One session: status, attempt, model, usage, error, lease."""
+    """One session: status, runs and takeovers, model, usage, error, lease."""
     with _client(url, api_key) as client:
         session = client.raw.get_session(session_id)
     if as_json:
@@ -656,7 +724,8 @@ def sessions_show(session_id: str, as_json: bool, url: str | None, api_key: str 
         ("id", session["id"]),
         ("title", session["title"]),
         ("status", session["status"] + cancel_requested),
-        ("attempt", session["attempt"]),
+        ("runs", session["attempt"]),
+        ("resumes", _resumes_line(session)),
         ("model", session["model"]),
         ("events", session["lastSeq"]),
         ("created", _when(session["createdAt"])),
@@ -681,6 +750,13 @@ def sessions_show(session_id: str, as_json: bool, url: str | None, api_key: str 
         click.echo(f"{name + ':':<9} {value}")
 
 
+def _resumes_line(session: dict[str, Any]) -> str:
+    resumes = int(session.get("resumes", 0))
+    if not resumes:
+        return "0"
+    return click.style(f"{resumes} (taken over after a worker's crash or shutdown)", fg="yellow")
+
+
 @sessions_cli.command("cancel")
 @session_id_argument
 @click.option("--wait", is_flag=True, help="Wait (at most 30 s) until the session has ended.")
@@ -701,11 +777,55 @@ def sessions_cancel(
         click.echo(f"{answer['id']} cancel requested (still {answer['status']})")
 
 
+def _pending_approvals(client: Ferryman, session_id: str) -> list[dict[str, Any]]:
+    """The `tool_approval_requested` data of the calls that wait for a decision now: requested,
+    neither decided nor answered since, and no user message after them (one denies them)."""
+    pending: dict[str, dict[str, Any]] = {}
+    after: int | None = 0
+    while after is not None:
+        page = client.raw.transcript(session_id, after=after, limit=1000)
+        for event in page["events"]:
+            data, kind = event.get("data") or {}, event.get("type")
+            if kind == "tool_approval_requested":
+                pending[str(data.get("toolCallId"))] = data
+            elif kind in ("tool_approval_decided", "tool_result"):
+                pending.pop(str(data.get("toolCallId")), None)
+            elif kind == "user_message":
+                pending.clear()
+        after = page.get("nextAfter")
+    return list(pending.values())
+
+
+def _warn_of_denials(client: Ferryman, session_id: str, yes: bool) -> None:
+    """Say, before a message goes to a session that waits for approvals, that it denies them;
+    ask first when a person is at the terminal (unless --yes)."""
+    if client.raw.get_session(session_id)["status"] != "waiting":
+        return
+    pending = _pending_approvals(client, session_id)
+    if not pending:
+        return
+    calls = ", ".join(f"{call.get('name')} ({call.get('toolCallId')})" for call in pending)
+    click.secho(
+        f"! this message {DENIES}: {calls}; to decide instead: "
+        f"`ferryman sessions approve {session_id} CALL_ID [--deny]`",
+        fg="yellow",
+        err=True,
+    )
+    if not yes and sys.stdin.isatty() and sys.stderr.isatty():
+        click.confirm("Send it and deny them?", abort=True, err=True)
+
+
 @sessions_cli.command("send")
 @session_id_argument
 @click.argument("text", metavar="TEXT", help="The message.")
 @click.option(
     "--follow", is_flag=True, help="Then stream the session until it ends, as `run` does."
+)
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Send without asking, even if the message denies tool calls waiting for approval.",
 )
 @json_option()
 @url_option
@@ -714,12 +834,19 @@ def sessions_send(
     session_id: str,
     text: str,
     follow: bool,
+    yes: bool,
     as_json: bool,
     url: str | None,
     api_key: str | None,
 ) -> None:
-    """Send a message: steers a running session, re-queues a waiting or ended one."""
+    """Send a message: steers a running session, re-queues a waiting or ended one.
+
+    A message to a session that waits for approvals denies every call still waiting (the
+    model then reads your message): the command says so first, and at a terminal asks
+    (--yes does not). `ferryman sessions approve` decides a call instead.
+    """
     with _client(url, api_key) as client:
+        _warn_of_denials(client, session_id, yes)
         accepted = client.raw.send_message(session_id, text)
         if as_json and not follow:
             _print_json(accepted)
@@ -803,13 +930,14 @@ def watch(limit: int, url: str | None, api_key: str | None) -> None:
     """A live table of your sessions, until Ctrl-C.
 
     When the output is not a terminal, one line per change instead:
-    `TIME ID STATUS attempt N TITLE`, `TIME ID deleted`, and `TIME reconnecting…` /
+    `TIME ID STATUS resumes N TITLE` (N: takeovers after a crash or a shutdown),
+    `TIME ID deleted`, and `TIME reconnecting…` /
     `TIME connected` when the stream goes down and comes back.
     """
     import asyncio
 
     with _errors():
-        from app.client import AsyncFerryman
+        from ferryman import AsyncFerryman
 
         client = AsyncFerryman(url or None, api_key=api_key or None)
         with contextlib.suppress(KeyboardInterrupt):
@@ -819,7 +947,7 @@ def watch(limit: int, url: str | None, api_key: str | None) -> None:
 async def _watch(client: AsyncFerryman, limit: int) -> None:
     with _quick_imports():
         # Its live picture is of the SDK's models: the one client command that loads pydantic.
-        from app.client import OwnerSessionClient
+        from ferryman import OwnerSessionClient
 
     async with client, OwnerSessionClient(client) as live:
         if sys.stdout.isatty():
@@ -869,12 +997,12 @@ async def _watch_lines(live: OwnerSessionClient, limit: int) -> None:
         shown = {s.id for s in _newest(picture, limit)} if first else set(picture)
         first = False
         for session in sorted(picture.values(), key=lambda s: (s.created_at, s.id)):
-            state = (session.status, session.attempt, session.title)
+            state = (session.status, session.resumes, session.title)
             if known.get(session.id) != state:
                 known[session.id] = state
                 if session.id in shown:
                     click.echo(
-                        f"{now} {session.id} {session.status:<9} attempt {session.attempt} "
+                        f"{now} {session.id} {session.status:<9} resumes {session.resumes} "
                         f"{session.title}"
                     )
         for session_id in [known_id for known_id in known if known_id not in picture]:
@@ -883,18 +1011,74 @@ async def _watch_lines(live: OwnerSessionClient, limit: int) -> None:
         sys.stdout.flush()
 
 
+# --- tools --------------------------------------------------------------------------------------
+
+
+@click.command("tools", short_help="The tools the live workers offer.")
+@json_option("The API's catalog: {tools, workers}.")
+@url_option
+@api_key_option
+def tools_command(as_json: bool, url: str | None, api_key: str | None) -> None:
+    """The live tool catalog: each tool the workers alive now offer, where it comes from,
+    whether its calls wait for approval, whether it may run twice, and how many of the
+    workers have it (marked when only some have it)."""
+    with _client(url, api_key) as client:
+        catalog = client.raw.list_tools()
+    if as_json:
+        _print_json(catalog)
+        return
+    workers = catalog.get("workers")  # None: a server that does not count them
+    if workers == 0:
+        click.secho(
+            "no worker is alive: sessions stay queued until one starts "
+            "(`ferryman worker`, or `ferryman serve` with its worker)",
+            fg="yellow",
+        )
+    if not catalog["tools"]:
+        if workers != 0:
+            click.echo("no tools")
+        return
+    table_console().print(_tools_table(catalog["tools"], workers), soft_wrap=False)
+
+
+def _tools_table(tools: list[dict[str, Any]], workers: int | None) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NAME", "SOURCE", "APPROVAL", "IDEMPOTENT"):
+        table.add_column(column, no_wrap=True)
+    if workers is not None:
+        table.add_column("WORKERS", justify="right", no_wrap=True)
+    for tool in tools:
+        row: list[str | Text] = [
+            Text(str(tool["name"])),
+            Text(str(tool.get("source", ""))),
+            "required" if tool.get("requiresApproval") else "-",
+            "yes" if tool.get("idempotent") else "no",
+        ]
+        if workers is not None:
+            offering = int(tool.get("workers") or 0)
+            row.append(Text(f"{offering}/{workers}", style="yellow" if offering < workers else ""))
+        table.add_row(*row)
+    return table
+
+
 # --- the group ----------------------------------------------------------------------------------
 
 
-def _with_exit_codes(command: click.Command) -> str:
-    return f"{inspect.cleandoc(command.help or '')}\n\n{EXIT_CODES_HELP}"
+def _with_exit_codes(command: click.Command, exit_codes: str) -> str:
+    return f"{inspect.cleandoc(command.help or '')}\n\n{exit_codes}"
 
 
-run.help = _with_exit_codes(run)
-follow_command.help = _with_exit_codes(follow_command)
+# `run` follows until the end, unless --no-follow, which only creates the session.
+run.help = _with_exit_codes(
+    run, exit_codes_help(created=" (--no-follow: it was created)", not_finished=False)
+)
+follow_command.help = _with_exit_codes(follow_command, exit_codes_help())
 
 
 def register(cli: click.Group) -> None:
     """Add the client commands to `cli`."""
-    for command in (run, follow_command, watch, sessions_cli):
+    for command in (run, follow_command, watch, tools_command, sessions_cli):
         cli.add_command(command)

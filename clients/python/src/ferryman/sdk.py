@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import httpx
 from httpx_sse import aconnect_sse, connect_sse
 
-from app.client import _core
-from app.client._core import (
+from ferryman import _core
+from ferryman._core import (
     MAX_LIST_LIMIT,
     MAX_TRANSCRIPT_LIMIT,
     STREAM_ERRORS,
@@ -24,20 +24,20 @@ from app.client._core import (
     Settings,
     Stream,
 )
-from app.client.errors import connection_error
-from app.client.events import StreamEvent
+from ferryman.errors import connection_error
+from ferryman.events import StreamEvent
 
 if TYPE_CHECKING:
     # Imported by the first answer parsed into a model: `Ferryman.raw` and the streams never
     # import pydantic (a CLI command starts faster without it).
-    from app.client.models import (
+    from ferryman.models import (
         ApprovalAccepted,
         CancelAccepted,
         Event,
         MessageAccepted,
         Session,
         SessionPage,
-        ToolInfo,
+        ToolCatalog,
         Transcript,
     )
 
@@ -161,7 +161,8 @@ class Ferryman(ClientBase):
         """Approve or deny a tool call that waits for approval (`tool_approval_requested`)."""
         return self._call(_core.decide_tool_call(session_id, tool_call_id, approved, reason))
 
-    def list_tools(self) -> list[ToolInfo]:
+    def list_tools(self) -> ToolCatalog:
+        """The tools the live workers offer, each with how many of them offer it."""
         return self._call(_core.list_tools())
 
     def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> Transcript:
@@ -289,7 +290,7 @@ class RawFerryman:
         return self._call(call)
 
     def list_tools(self) -> dict[str, Any]:
-        """`{tools: [...]}`, as the API answers it."""
+        """`{tools: [...], workers}`, as the API answers it."""
         return self._call(_core.list_tools())
 
     def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
@@ -406,7 +407,7 @@ class AsyncFerryman(ClientBase):
     ) -> ApprovalAccepted:
         return await self._call(_core.decide_tool_call(session_id, tool_call_id, approved, reason))
 
-    async def list_tools(self) -> list[ToolInfo]:
+    async def list_tools(self) -> ToolCatalog:
         return await self._call(_core.list_tools())
 
     async def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> Transcript:

@@ -1,7 +1,7 @@
 """What the API answers, as pydantic models: snake_case attributes, camelCase on the wire.
 
 Unknown fields are kept (`extra="allow"`), so a newer server does not break an older client;
-`model_dump(by_alias=True)` gives the wire form back. `StreamEvent` (app/client/events.py, no
+`model_dump(by_alias=True)` gives the wire form back. `StreamEvent` (ferryman/events.py, no
 pydantic) is re-exported here."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from app.client.events import StreamEvent
+from ferryman.events import StreamEvent
 
 __all__ = [
     "AcceptedMessage",
@@ -25,6 +25,7 @@ __all__ = [
     "Session",
     "SessionPage",
     "StreamEvent",
+    "ToolCatalog",
     "ToolInfo",
     "Transcript",
     "Usage",
@@ -57,7 +58,10 @@ class Session(Model):
     owner_id: str
     title: str
     status: str
+    # Runs so far: every claim counts, a follow-up's or an approval's too.
     attempt: int
+    # Takeovers: runs that another worker started after a crash or a shutdown.
+    resumes: int = 0
     model: str
     prompt: str
     active_stage: str | None = None
@@ -117,6 +121,16 @@ class ToolInfo(Model):
     idempotent: bool = False
     requires_approval: bool = False
     source: str = ""
+    # How many live workers offer it (None from a server that does not count them).
+    workers: int | None = None
+
+
+class ToolCatalog(Model):
+    """`GET /api/tools`: the tools of the workers alive now."""
+
+    tools: list[ToolInfo]
+    # How many workers are alive (None from a server that does not count them).
+    workers: int | None = None
 
 
 class Event(Model):

@@ -15,17 +15,17 @@ from urllib.parse import quote
 import httpx
 from httpx_sse import ServerSentEvent
 
-from app.client.errors import ApiError, FerrymanConnectionError, api_error
-from app.client.events import StreamEvent
+from ferryman.errors import ApiError, FerrymanConnectionError, api_error
+from ferryman.events import StreamEvent
 
 if TYPE_CHECKING:
-    from app.client.models import (
+    from ferryman.models import (
         ApprovalAccepted,
         CancelAccepted,
         MessageAccepted,
         Session,
         SessionPage,
-        ToolInfo,
+        ToolCatalog,
         Transcript,
     )
 
@@ -125,7 +125,7 @@ class Call(Generic[T]):
 
 
 def _models() -> Any:
-    from app.client import models
+    from ferryman import models
 
     return models
 
@@ -140,11 +140,6 @@ def _json(response: httpx.Response) -> Any:
 
 def _nothing(_: httpx.Response) -> None:
     return None
-
-
-def _tools(response: httpx.Response) -> list[ToolInfo]:
-    tool_info = _models().ToolInfo
-    return [tool_info.model_validate(tool) for tool in response.json()["tools"]]
 
 
 def _cancelled(response: httpx.Response) -> Session | CancelAccepted:
@@ -230,8 +225,8 @@ def decide_tool_call(
     return Call("POST", path, _model("ApprovalAccepted"), json=body)
 
 
-def list_tools() -> Call[list[ToolInfo]]:
-    return Call("GET", "/api/tools", _tools)
+def list_tools() -> Call[ToolCatalog]:
+    return Call("GET", "/api/tools", _model("ToolCatalog"))
 
 
 def transcript(session_id: str, after: int, limit: int) -> Call[Transcript]:

@@ -12,10 +12,10 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from app.client._core import MAX_LIST_LIMIT
-from app.client.errors import ApiError, FerrymanConnectionError, NotFoundError
-from app.client.models import Session, StreamEvent
-from app.client.sdk import AsyncFerryman
+from ferryman._core import MAX_LIST_LIMIT
+from ferryman.errors import ApiError, FerrymanConnectionError, NotFoundError
+from ferryman.models import Session, StreamEvent
+from ferryman.sdk import AsyncFerryman
 
 Picture = dict[str, Session]
 

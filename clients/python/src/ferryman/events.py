@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.client.models import Event
+    from ferryman.models import Event
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,6 @@ class StreamEvent:
 
     def event(self) -> Event:
         """The envelope as an `Event` (durable and ephemeral frames; not control ones)."""
-        from app.client.models import Event
+        from ferryman.models import Event
 
         return Event.model_validate({"id": self.id or "", **self.envelope})

@@ -1,0 +1,3 @@
+from ferryman.cli import main
+
+main()

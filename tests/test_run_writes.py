@@ -14,9 +14,10 @@ from app.db.pool import Database
 from app.domain import OwnerEventType
 from app.errors import FenceRefused
 from app.runtime.writes import RunWrites
-from app.store import runs
+from app.store import claims
 from app.store import sessions as session_store
 from app.store.events import Fence
+from app.store.run_writes import Batch, Write
 from tests.support import database_with_worker
 
 WORKER = "writer:1"
@@ -35,15 +36,15 @@ async def claimed(db: Database, count: int) -> list[dict[str, Any]]:
     async with db.transaction() as conn:
         for _ in range(count):
             await session_store.create_session(conn, OWNER, new, None)
-        return await runs.claim(conn, WORKER, 1, 30, limit=count)
+        return await claims.claim(conn, WORKER, 1, 30, limit=count)
 
 
-def tool_start(row: dict[str, Any]) -> runs.Write:
-    batch = runs.Batch()
+def tool_start(row: dict[str, Any]) -> Write:
+    batch = Batch()
     batch.add("tool_call_start", {"toolCallId": f"call-{row['id']}", "name": "t", "arguments": {}})
     batch.set_stage("tool:t")
     batch.announce(OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": "tool:t"})
-    return runs.Write(Fence(WORKER, row["attempt"]), row["id"], batch)
+    return Write(Fence(WORKER, row["attempt"]), row["id"], batch)
 
 
 async def rows(db: Database, sql: str, *params: Any) -> list[dict[str, Any]]:

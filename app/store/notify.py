@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 from uuid import UUID
+
+import psycopg
 
 from app.db.pool import Connection
 from app.domain import check_owner_id
@@ -120,6 +123,16 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
             "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
             (STREAMS_CHANNEL, payloads),
         )
+
+
+async def listen(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
+    """Have `conn` hear `channel` (one of this module's channel names) from now on."""
+    await conn.execute(f"LISTEN {channel}")
+
+
+async def probe(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Ask the server for nothing: a dead server is not always noticed by a blocked read."""
+    await conn.execute("SELECT 1")
 
 
 def notifying(key: str) -> str:

@@ -95,3 +95,47 @@ async def test_a_write_whose_lease_is_gone_is_refused_alone(database: Database) 
         database, "SELECT session_id FROM session_events WHERE type = 'tool_call_start'"
     )
     assert {r["session_id"] for r in logged} == {sessions[0]["id"], sessions[2]["id"]}
+
+
+ROW_CHANGES = (
+    "delivered_seq, input_tokens, output_tokens, cached_tokens, active_stage, status, error,"
+    " lease_worker_id, lease_pid, lease_expires_at"
+)
+
+
+async def session_row(db: Database, session_id: Any) -> dict[str, Any]:
+    [row] = await rows(db, f"SELECT {ROW_CHANGES} FROM sessions WHERE id = %s", session_id)
+    return row
+
+
+async def test_a_write_changes_only_the_columns_its_batch_names(database: Database) -> None:
+    """One statement serves every set of changes: what a batch leaves alone keeps its value,
+    and what it names changes as the batch says (token counts add up, the delivered seq only
+    moves forward)."""
+    [row] = await claimed(database, 1)
+    fence = Fence(WORKER, row["attempt"])
+    writes = RunWrites(database)
+    progress = Batch()
+    progress.deliver(row["last_seq"])
+    progress.count_tokens(3, 2, 1)
+    progress.set_stage("tool:t")
+    await writes.send(Write(fence, row["id"], progress))
+    before = await session_row(database, row["id"])
+    assert before["active_stage"] == "tool:t" and before["delivered_seq"] == row["last_seq"]
+
+    events_only = Batch()
+    events_only.add("tool_result", {"toolCallId": "c", "name": "t", "content": "x"})
+    await writes.send(Write(fence, row["id"], events_only))
+    assert await session_row(database, row["id"]) == before
+
+    more = Batch()
+    more.deliver(0)  # behind what the model has seen: no step back
+    more.count_tokens(10, 20, 30)
+    await writes.send(Write(fence, row["id"], more))
+    after = await session_row(database, row["id"])
+    assert after == {
+        **before,
+        "input_tokens": before["input_tokens"] + 10,
+        "output_tokens": before["output_tokens"] + 20,
+        "cached_tokens": before["cached_tokens"] + 30,
+    }

@@ -10,6 +10,7 @@ import psycopg
 
 from app.db.pool import Connection
 from app.domain import check_owner_id
+from app.store.statements import statement
 
 # Two channels, so that a process listens only for what it acts on: API processes hear the
 # streams' keys and token deltas (many a second), workers hear about work, cancels and
@@ -125,9 +126,15 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
         )
 
 
+_LISTEN = {
+    channel: statement(f"listen_{channel}", f"LISTEN {channel}")
+    for channel in (STREAMS_CHANNEL, RUNS_CHANNEL)
+}
+
+
 async def listen(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
-    """Have `conn` hear `channel` (one of this module's channel names) from now on."""
-    await conn.execute(f"LISTEN {channel}")
+    """Have `conn` hear `channel` (STREAMS_CHANNEL or RUNS_CHANNEL) from now on."""
+    await conn.execute(_LISTEN[channel])
 
 
 async def probe(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -149,6 +149,12 @@ FROM sessions
    ORDER BY created_at DESC, id DESC
    LIMIT %(limit)s;
 
+-- name: listen_ferryman
+LISTEN ferryman;
+
+-- name: listen_ferryman_runs
+LISTEN ferryman_runs;
+
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;

@@ -1,5 +1,6 @@
 """Claims: a worker takes up to a batch of sessions (queued, or running under a lease that is
-gone) in one statement, which also announces them and logs a first run's `session_start`."""
+gone) in one statement, which also announces them and logs a first run's `session_start`.
+It has one form: how many sessions it takes is a parameter (`%(limit)s`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Sessions: creation, listing, and the state changes the API makes (rename, cancel, follow-up,
 delete). Each function runs inside the caller's transaction and writes the row, its events and
-their NOTIFY together."""
+their NOTIFY together. A statement with forms registers each (`statements`): reading a session
+with or without its row lock, and a status change by what else it clears."""
 
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ SESSION_COLUMNS = """
 """
 
 
-_GET_SESSION = f"""
+_OWNED_SESSION = f"""
     SELECT {SESSION_COLUMNS} FROM sessions
     WHERE id = %s AND owner_id = %s AND deleted_at IS NULL{{lock}}
 """
-GET_SESSION = statement("get_session", _GET_SESSION.format(lock=""))
-GET_SESSION_FOR_UPDATE = statement(
-    "get_session_for_update", _GET_SESSION.format(lock=" FOR UPDATE")
+_GET_SESSION = statement("get_session", _OWNED_SESSION.format(lock=""))
+_GET_SESSION_FOR_UPDATE = statement(
+    "get_session_for_update", _OWNED_SESSION.format(lock=" FOR UPDATE")
 )
 # Any session by id, deleted or not.
 _SESSION_BY_ID = statement("session_by_id", f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s")
@@ -153,7 +154,7 @@ async def get_session(
 ) -> dict[str, Any]:
     """The owner's live session, or SessionNotFound (also for another owner's or a deleted one)."""
     cur = await conn.execute(
-        GET_SESSION_FOR_UPDATE if for_update else GET_SESSION, (session_id, owner_id)
+        _GET_SESSION_FOR_UPDATE if for_update else _GET_SESSION, (session_id, owner_id)
     )
     row = await cur.fetchone()
     if row is None:

@@ -20,7 +20,7 @@ import psycopg
 from prometheus_client import Counter, Gauge
 
 from app.backoff import Backoff
-from app.store.notify import EPHEMERAL_SEPARATOR, channel_of
+from app.store.notify import EPHEMERAL_SEPARATOR, channel_of, listen, probe
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Bus:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
                     for channel in self.channels:
-                        await conn.execute(f"LISTEN {channel}")
+                        await listen(conn, channel)
                     RECONNECTS.inc()
                     self.connected.set()
                     CONNECTED.set(1)
@@ -120,5 +120,4 @@ class Bus:
                 for line in note.payload.split("\n"):
                     key, _, body = line.partition(EPHEMERAL_SEPARATOR)
                     self._wake(key, body or None)
-            # A dead server is not always noticed by a blocked read: probe it.
-            await conn.execute("SELECT 1")
+            await probe(conn)  # a dead server is not always noticed by a blocked read

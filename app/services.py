@@ -15,6 +15,7 @@ from app.config import Settings
 from app.db.pool import Connection, Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
 from app.store import events as event_store
+from app.store import server as server_store
 from app.store.events import PageRows, Pages, PageWant
 from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import PAGE_ROWS, FeedHub, Heads
@@ -160,12 +161,11 @@ class Services:
             return
         try:
             async with self.db.connection() as conn:
-                cur = await conn.execute("SELECT current_setting('statement_timeout') AS t")
-                row = await cur.fetchone()
+                statement_timeout = await server_store.setting(conn, "statement_timeout")
         except Exception as exc:  # the database may not be up yet: nothing to say
             log.debug("statement_timeout check skipped: %s", exc)
             return
-        if row is not None and row["t"] == "0":
+        if statement_timeout == "0":
             log.warning(
                 "DATABASE_URL goes through a pooler: transactions get FERRYMAN_DB_*_TIMEOUT by "
                 "SET LOCAL, but statements in autocommit have no statement_timeout; set one on "

@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 from app.db import migrate
 from app.db.embedded import start_embedded
 from app.db.pool import Database
-from app.store import runs
+from app.store import claims
 from app.store import sessions as session_store
 from app.store.keys import hash_key, new_key
 from tests.cluster import data_dir_for, with_database
@@ -407,7 +407,7 @@ async def claimed_session(db: Database, worker: str) -> dict[str, Any]:
     new = session_store.NewSession("hi", "hi", "scripted", None, None, {})
     async with db.transaction() as conn:
         await session_store.create_session(conn, f"owner-{uuid.uuid4().hex[:8]}", new, None)
-        [row] = await runs.claim(conn, worker, 1, 30)
+        [row] = await claims.claim(conn, worker, 1, 30)
     return row
 
 

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from app.store.claims import CLAIM_SQL, claim_params
 from app.store.notify import STREAMS_CHANNEL
-from app.store.runs import CLAIM_SQL, claim_params
 from tests.support import fresh_database
 
 FINISHED = 200_000

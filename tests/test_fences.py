@@ -18,8 +18,9 @@ import pytest
 from app.db.pool import Connection, Database
 from app.domain import OwnerEventType, Status
 from app.errors import FenceRefused
-from app.store import runs
+from app.store import settling
 from app.store.events import Fence, append_owner_event, fence_errors
+from app.store.run_writes import Batch, send_batch
 from tests.support import claimed_session, database_with_worker
 
 WORKER = "frozen00:1"
@@ -27,14 +28,14 @@ WORKER = "frozen00:1"
 Write = Callable[[Connection, Fence, dict[str, Any]], Awaitable[Any]]
 
 
-def batch(*events: str) -> runs.Batch:
-    written = runs.Batch()
+def batch(*events: str) -> Batch:
+    written = Batch()
     for type_ in events:
         written.add(type_, {"text": "late"})
     return written
 
 
-def progress() -> runs.Batch:
+def progress() -> Batch:
     written = batch("tool_call_start")
     written.deliver(99)
     written.count_tokens(1, 1, 1)
@@ -44,26 +45,28 @@ def progress() -> runs.Batch:
     return written
 
 
-def noted() -> runs.Batch:
+def noted() -> Batch:
     """A tool's result and the note the tool put."""
     written = batch("tool_result")
     written.put_note("k", "late")
     return written
 
 
-def delivered_only() -> runs.Batch:
-    written = runs.Batch()
+def delivered_only() -> Batch:
+    written = Batch()
     written.deliver(99)
     return written
 
 
 WRITES: dict[str, Write] = {
-    "events": lambda c, f, r: runs.send_batch(c, f, r["id"], batch("assistant_message", "x")),
-    "events_with_progress": lambda c, f, r: runs.send_batch(c, f, r["id"], progress()),
-    "session_row_only": lambda c, f, r: runs.send_batch(c, f, r["id"], delivered_only()),
-    "note": lambda c, f, r: runs.send_batch(c, f, r["id"], noted()),
-    "finish": lambda c, f, r: runs.finish(c, f, r, Status.SUCCEEDED, batch("assistant_message")),
-    "release": lambda c, f, r: runs.release(c, f, r, "shutdown", batch("tool_result")),
+    "events": lambda c, f, r: send_batch(c, f, r["id"], batch("assistant_message", "x")),
+    "events_with_progress": lambda c, f, r: send_batch(c, f, r["id"], progress()),
+    "session_row_only": lambda c, f, r: send_batch(c, f, r["id"], delivered_only()),
+    "note": lambda c, f, r: send_batch(c, f, r["id"], noted()),
+    "finish": lambda c, f, r: settling.finish(
+        c, f, r, Status.SUCCEEDED, batch("assistant_message")
+    ),
+    "release": lambda c, f, r: settling.release(c, f, r, "shutdown", batch("tool_result")),
 }
 
 
@@ -135,7 +138,7 @@ async def test_a_refused_write_takes_the_whole_pipelined_transaction_with_it(
     before = await state(database, row["id"])
     with pytest.raises(FenceRefused):
         async with run_transaction(database) as conn:
-            await runs.send_batch(conn, stale, row["id"], batch("tool_call_start"))
+            await send_batch(conn, stale, row["id"], batch("tool_call_start"))
             await append_owner_event(
                 conn, row["owner_id"], row["id"], OwnerEventType.SESSION_ACTIVE_STAGE, {}
             )

@@ -1,4 +1,4 @@
-"""How a run ends (`runs.finish`), store-level and deterministic: what it writes with the run's
+"""How a run ends (`settling.finish`), store-level and deterministic: what it writes with the run's
 pending batch when the run ends plainly, when a follow-up came in that the model has not seen,
 and when a cancel was requested (SPEC sections 2 and 5)."""
 
@@ -11,9 +11,10 @@ import pytest
 
 from app.db.pool import Database
 from app.domain import Status
-from app.store import runs
 from app.store import sessions as session_store
+from app.store import settling
 from app.store.events import Fence, fence_errors
+from app.store.run_writes import Batch
 from tests.support import claimed_session, database_with_worker
 
 WORKER = "finisher:1"
@@ -27,8 +28,8 @@ async def database() -> AsyncIterator[Database]:
         yield db
 
 
-def reply(delivered: int) -> runs.Batch:
-    batch = runs.Batch()
+def reply(delivered: int) -> Batch:
+    batch = Batch()
     batch.add("assistant_message", {"text": "done", "toolCalls": [], "stopReason": "stop"})
     batch.deliver(delivered)
     return batch
@@ -37,7 +38,7 @@ def reply(delivered: int) -> runs.Batch:
 async def finish(db: Database, row: dict[str, Any], status: Status, **details: Any) -> Any:
     with fence_errors():
         async with db.pipeline() as conn:
-            settled, sent = await runs.finish(
+            settled, sent = await settling.finish(
                 conn, Fence(WORKER, row["attempt"]), row, status, reply(row["last_seq"]), **details
             )
     return settled, await sent.fetchone()
@@ -107,7 +108,7 @@ async def test_a_requested_cancel_wins(database: Database) -> None:
 
 async def at_once(db: Database, row: dict[str, Any], status: Status) -> dict[str, Any]:
     async with db.connection() as conn:
-        write = runs.at_once(
+        write = settling.at_once(
             Fence(WORKER, row["attempt"]), row, status, reply(row["last_seq"]), row["last_seq"]
         )
         sent = await write.send(conn)
@@ -149,7 +150,7 @@ async def test_at_once_sees_a_message_the_model_never_got(database: Database) ->
     async with database.transaction() as conn:
         await session_store.post_message(conn, row["owner_id"], row["id"], "and also")
     async with database.connection() as conn:
-        write = runs.at_once(
+        write = settling.at_once(
             Fence(WORKER, row["attempt"]),
             row,
             Status.SUCCEEDED,

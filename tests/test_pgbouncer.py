@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.store.runs import WORKER_LOCK_NAMESPACE
+from app.store.liveness import WORKER_LOCK_NAMESPACE
 from tests.pgbouncer import POOL_SIZE, PgBouncer, pgbouncer, require_pgbouncer
 from tests.support import (
     CONTROL_EVENTS,

@@ -666,7 +666,7 @@ async def test_registering_again_is_atomic(database_url: str, server: ServerProc
     between, and the release would strip the new lease (an attempt spent for nothing, as a
     CI run once showed). Held at the lease release by a row lock, the registration must still
     look stopped from outside."""
-    from app.store import runs
+    from app.store import liveness
 
     worker_id = f"w-{os.urandom(4).hex()}"
     _, key = create_owner_key(database_url)
@@ -691,7 +691,7 @@ async def test_registering_again_is_atomic(database_url: str, server: ServerProc
         async with admin.transaction():
             await admin.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
             registering = asyncio.create_task(
-                runs.register_worker(heartbeat, worker_id, os.getpid(), "h")
+                liveness.register_worker(heartbeat, worker_id, os.getpid(), "h")
             )
             await asyncio.sleep(0.5)
             assert not registering.done(), "the registration did not wait for the row lock"

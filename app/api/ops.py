@@ -19,6 +19,7 @@ from app.api.problems import problem
 from app.db import migrate
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import AuthRequired, InvalidApiKey, ProblemCode
+from app.store import server as server_store
 
 router = APIRouter(tags=["operations"])
 
@@ -49,11 +50,9 @@ async def readyz(services: ServicesDep) -> Response:
     listening = services.bus.connected.is_set()
     try:
         async with asyncio.timeout(2), services.db.connection() as conn:
-            cur = await conn.execute("SELECT version_num FROM alembic_version")
-            row = await cur.fetchone()
+            revision = await server_store.schema_revision(conn)
         checks["database"] = "ok"
-        at_head = row is not None and row["version_num"] == migrate.head_revision()
-        checks["migrations"] = "ok" if at_head else "behind"
+        checks["migrations"] = "ok" if revision == migrate.head_revision() else "behind"
     except _NOT_READY_ERRORS as exc:
         # "busy": it is up (it answered, or our LISTEN connection to it lives) but gave us no
         # turn in time; "unavailable": it cannot be reached.

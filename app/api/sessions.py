@@ -317,7 +317,7 @@ async def get_transcript(
     end."""
     sid = parse_session_id(session_id)
     async with services.db.transaction() as conn:
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        await session_store.read_one_snapshot(conn)
         row = await session_store.get_session(conn, owner, sid)
         rows = await event_store.read_session_events(
             conn, sid, after, limit, services.settings.transcript_page_bytes

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 
 from app.backoff import Backoff, Outage
 from app.db.pool import MAX_RECONNECT_DELAY
-from app.store import runs
+from app.store import liveness
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,14 @@ class Heartbeat(threading.Thread):
                 async with await psycopg.AsyncConnection.connect(
                     self.url, autocommit=True, row_factory=dict_row
                 ) as conn:
-                    await runs.register_worker(
+                    await liveness.register_worker(
                         conn, self.worker_id, os.getpid(), socket.gethostname()
                     )
                     self.registered.set()
                     backoff.reset()
                     outage.recovered()
                     await self._beat(conn)
-                    await runs.mark_worker_stopped(conn, self.worker_id)
+                    await liveness.mark_worker_stopped(conn, self.worker_id)
                     return
             except Exception as exc:
                 # Without this connection our leases cannot be proven: give them all up.
@@ -81,7 +81,7 @@ class Heartbeat(threading.Thread):
     async def _beat(self, conn: psycopg.AsyncConnection[dict[str, object]]) -> None:
         while not self._stopping.is_set():
             held = self.held()
-            still_held = await runs.heartbeat(conn, self.worker_id, self.ttl, held)
+            still_held = await liveness.heartbeat(conn, self.worker_id, self.ttl, held)
             lost = [session_id for session_id in held if session_id not in still_held]
             self.on_beat(still_held, lost)
             await asyncio.to_thread(self._stopping.wait, self.interval)

@@ -44,8 +44,9 @@ from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
 from app.runtime.writes import RunWrites
 from app.store import events as event_store
-from app.store import runs
+from app.store import settling
 from app.store.events import Fence, fence_errors
+from app.store.run_writes import Batch, Write, get_note
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Run:
     # Writes that need not be durable before the run's next step that waits or acts (a model
     # call, a tool): they go with the next write, so a turn costs one statement, not one per
     # event. Every path from a write to such a step passes `flush()` or `finish()`.
-    pending: runs.Batch = field(default_factory=runs.Batch)
+    pending: Batch = field(default_factory=Batch)
     # Whether a message or an approval decision may have been logged since the run last read
     # its log (the inbox notification; `ended` sets it too, for one that was lost).
     inbox: bool = False
@@ -156,13 +157,11 @@ class Run:
         """Make the pending writes (with other runs' of the worker, `RunWrites`)."""
         if not self.pending:
             return
-        self.written(
-            await self.ctx.writes.send(runs.Write(self.fence, self.session_id, self.pending))
-        )
+        self.written(await self.ctx.writes.send(Write(self.fence, self.session_id, self.pending)))
 
     def written(self, row: dict[str, Any] | None) -> None:
         """The pending writes are committed (`row`: their statement's, from `send_batch`)."""
-        self.pending = runs.Batch()
+        self.pending = Batch()
         if row is not None and row["seq"] is not None:
             self.written_seq = max(self.written_seq, int(row["seq"]))
 
@@ -181,8 +180,8 @@ class Run:
     async def finish(self, status: Status, **details: Any) -> bool:
         """End the run with the pending writes; False when a follow-up arrived that the model
         has not seen yet: the run goes on to answer it instead (the pending writes made)."""
-        if status != Status.CANCELLED:  # else a cancel was requested: `runs.finish`
-            at_once = runs.at_once(
+        if status != Status.CANCELLED:  # else a cancel was requested: `settling.finish`
+            at_once = settling.at_once(
                 self.fence, self.row, status, self.pending, self.log_end(), **details
             )
             row = await self.ctx.writes.send(at_once)
@@ -191,7 +190,7 @@ class Run:
                 return self.ended(status)
         with fence_errors():
             async with self.ctx.db.pipeline() as conn:
-                settled, sent = await runs.finish(
+                settled, sent = await settling.finish(
                     conn, self.fence, self.row, status, self.pending, **details
                 )
         self.written(await sent.fetchone())  # received already: no round trip
@@ -588,7 +587,7 @@ class Run:
             elif reason == "shutdown":
                 with fence_errors():
                     async with self.ctx.db.pipeline() as conn:
-                        sent = await runs.release(
+                        sent = await settling.release(
                             conn, self.fence, self.row, "shutdown", self.pending
                         )
                 self.written(await sent.fetchone())  # received already: no round trip
@@ -685,4 +684,4 @@ class RunNotes:
         if pending is not None:
             return pending
         async with self.run.ctx.db.connection() as conn:
-            return await runs.get_note(conn, self.run.session_id, key)
+            return await get_note(conn, self.run.session_id, key)

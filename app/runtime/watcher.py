@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from app.backoff import Backoff, Outage
-from app.store import runs
+from app.store import liveness
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +56,13 @@ async def watch_peers(
                 outage.recovered()
                 while True:
                     membership.clear()
-                    key = await runs.next_peer(conn, worker_id)
+                    key = await liveness.next_peer(conn, worker_id)
                     if key is None:
                         await _until(membership, repick_seconds)
                         continue
                     if await _peer_died(conn, key, membership, poll_seconds, repick_seconds):
                         async with conn.transaction():
-                            dead = await runs.reap_and_wake(conn)
+                            dead = await liveness.reap_and_wake(conn)
                         if dead:
                             log.info("workers died: %s", ", ".join(dead))
         except asyncio.CancelledError:
@@ -80,7 +80,7 @@ async def _peer_died(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + repick
     while not membership.is_set() and loop.time() < deadline:
-        if await runs.liveness_lock_free(conn, key):
+        if await liveness.liveness_lock_free(conn, key):
             return True
         await _until(membership, poll)
     return False

@@ -26,10 +26,12 @@ from app.runtime.runner import AbortReason, Run, RunContext
 from app.runtime.watcher import watch_peers
 from app.runtime.writes import RunWrites
 from app.services import database
-from app.store import runs
+from app.store import claims as claim_store
+from app.store import liveness, settling
 from app.store import tools as tool_store
 from app.store.events import Fence, fence_errors
 from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key, inbox_key
+from app.store.run_writes import Batch
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +243,7 @@ class Worker:
         try:
             async with self.db.connection() as conn:
                 rows = await self._claim_rows(conn, limit)
-                if len(rows) < limit and await runs.reap_and_wake(conn):
+                if len(rows) < limit and await liveness.reap_and_wake(conn):
                     rows += await self._claim_rows(conn, limit - len(rows))
             self.claims.recovered()
             claimed = []
@@ -260,7 +262,7 @@ class Worker:
         return started
 
     async def _claim_rows(self, conn: Connection, limit: int) -> list[dict[str, Any]]:
-        return await runs.claim(
+        return await claim_store.claim(
             conn, self.id, self.context.pid, self.settings.lease_ttl, list(self.runs), limit
         )
 
@@ -281,8 +283,8 @@ class Worker:
             return False
         with fence_errors():
             async with self.db.pipeline() as conn:
-                await runs.finish(
-                    conn, fence, row, status, runs.Batch(), error=error, requeue_undelivered=False
+                await settling.finish(
+                    conn, fence, row, status, Batch(), error=error, requeue_undelivered=False
                 )
         return True
 
@@ -321,5 +323,5 @@ class Worker:
     async def _check_cancel(self, run: Run) -> None:
         with contextlib.suppress(*UNAVAILABLE_ERRORS):
             async with self.db.connection() as conn:
-                if await runs.cancel_requested(conn, run.session_id):
+                if await settling.cancel_requested(conn, run.session_id):
                     run.abort("cancelled")

@@ -17,8 +17,8 @@ import psycopg
 from app.coalesce import Coalescer
 from app.db.pool import Database
 from app.errors import FenceRefused
-from app.store import runs
 from app.store.events import fence_errors
+from app.store.run_writes import Write, send_writes
 
 # A written row (`send_batch`'s), or why the write failed (FenceRefused: its lease was gone).
 Outcome = dict[str, Any] | None | Exception
@@ -33,22 +33,22 @@ class RunWrites:
 
     def __init__(self, db: Database, *, max_writes: int = 32, concurrency: int = 2) -> None:
         self.db = db
-        self.coalescer: Coalescer[runs.Write, Outcome] = Coalescer(
+        self.coalescer: Coalescer[Write, Outcome] = Coalescer(
             self._send_all, max_keys=max_writes, concurrency=concurrency
         )
 
-    async def send(self, write: runs.Write) -> dict[str, Any] | None:
+    async def send(self, write: Write) -> dict[str, Any] | None:
         outcome = await self.coalescer.get(write)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    async def _send_all(self, writes: list[runs.Write]) -> dict[runs.Write, Outcome]:
+    async def _send_all(self, writes: list[Write]) -> dict[Write, Outcome]:
         if len(writes) > 1:
             try:
                 with fence_errors():
                     async with self.db.pipeline() as conn:
-                        sent = await runs.send_writes(conn, writes)
+                        sent = await send_writes(conn, writes)
                 return {
                     write: await cur.fetchone() for write, cur in zip(writes, sent, strict=True)
                 }
@@ -56,7 +56,7 @@ class RunWrites:
                 pass  # each alone, so that the others commit
         return {write: await self._send_one(write) for write in writes}
 
-    async def _send_one(self, write: runs.Write) -> Outcome:
+    async def _send_one(self, write: Write) -> Outcome:
         """One write in one statement, so no transaction around it."""
         try:
             with fence_errors():

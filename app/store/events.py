@@ -18,6 +18,7 @@ from app.db.pool import Connection
 from app.domain import check_owner_id
 from app.errors import FenceRefused, SessionNotFound
 from app.store.notify import OWNER_KEY_PREFIX, SESSION_KEY_PREFIX, notifying, owner_key, session_key
+from app.store.statements import statement
 
 Cursor = psycopg.AsyncCursor[DictRow]
 
@@ -86,29 +87,35 @@ def owner_event_ctes(rows: str, type_: str, data: str, order: str = "s.created_a
     )"""
 
 
+_APPEND_SESSION_EVENT = statement(
+    "append_session_event",
+    f"""
+    WITH bumped AS (
+        UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
+        WHERE id = %(session_id)s
+        RETURNING last_seq, attempt, owner_id
+    ), appended AS (
+        INSERT INTO session_events (session_id, seq, attempt, type, data)
+        SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped
+        RETURNING session_id, seq, attempt, type, data, created_at,
+            (SELECT owner_id FROM bumped) AS owner_id
+    )
+    SELECT * FROM appended WHERE {notifying("%(notify_key)s")}
+    """,
+)
+
+
 async def append_session_event(
     conn: Connection, session_id: UUID, type_: str, data: dict[str, Any]
 ) -> dict[str, Any]:
-    """Append one event that is not a run's (unfenced; a run's go through `runs.send_batch`)
+    """Append one event that is not a run's (unfenced; a run's go through `run_writes.send_batch`)
     and return it; SessionNotFound if there is no such session.
 
     The seq comes from `sessions.last_seq`, bumped under the session row lock in the same
     statement; the stream's notification goes in it too.
     """
     cur = await conn.execute(
-        """
-        WITH bumped AS (
-            UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
-            WHERE id = %(session_id)s
-            RETURNING last_seq, attempt, owner_id
-        ), appended AS (
-            INSERT INTO session_events (session_id, seq, attempt, type, data)
-            SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped
-            RETURNING session_id, seq, attempt, type, data, created_at,
-                (SELECT owner_id FROM bumped) AS owner_id
-        )
-        SELECT * FROM appended WHERE """
-        + notifying("%(notify_key)s"),
+        _APPEND_SESSION_EVENT,
         {
             "session_id": session_id,
             "type": type_,
@@ -122,14 +129,24 @@ async def append_session_event(
     return row
 
 
+_APPEND_OWNER_EVENT = statement(
+    "append_owner_event",
+    f"""
+    WITH event AS (
+        SELECT %(owner)s::text AS owner_id, %(session_id)s::uuid AS id,
+               clock_timestamp() AS created_at
+    ), {owner_event_ctes("event", "%(type)s", "%(data)s")}
+    SELECT id FROM owner_appended
+    """,
+)
+
+
 async def append_owner_event(
     conn: Connection, owner_id: str, session_id: UUID, type_: str, data: dict[str, Any]
 ) -> int:
     """Append an owner event; its id."""
     cur = await conn.execute(
-        "WITH event AS (SELECT %(owner)s::text AS owner_id, %(session_id)s::uuid AS id,"
-        f" clock_timestamp() AS created_at), {owner_event_ctes('event', '%(type)s', '%(data)s')}"
-        " SELECT id FROM owner_appended",
+        _APPEND_OWNER_EVENT,
         {
             "owner": check_owner_id(owner_id),
             "session_id": session_id,
@@ -153,13 +170,16 @@ _PAGE = """
     WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
     ORDER BY page.{order}
 """
-_SESSION_PAGE = _PAGE.format(
-    columns="page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,"
-    " s.owner_id, s.deleted_at IS NOT NULL AS deleted",
-    table="session_events",
-    key="session_id",
-    order="seq",
-    join="JOIN sessions s ON s.id = page.session_id",
+_SESSION_PAGE = statement(
+    "session_page",
+    _PAGE.format(
+        columns="page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,"
+        " s.owner_id, s.deleted_at IS NOT NULL AS deleted",
+        table="session_events",
+        key="session_id",
+        order="seq",
+        join="JOIN sessions s ON s.id = page.session_id",
+    ),
 )
 
 
@@ -189,23 +209,29 @@ _PAGES = """
     WHERE page.{order} IS NULL OR page.upto - page.size < want.max_bytes
     ORDER BY want.key, want.after, want.max_bytes, page.{order}
 """
-_SESSION_PAGES = _PAGES.format(
-    columns="want.key AS session_id, page.seq, page.attempt, page.type, page.data,"
-    " page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted",
-    key_type="uuid",
-    join="JOIN sessions s ON s.id = want.key",
-    table="session_events",
-    key="session_id",
-    order="seq",
+_SESSION_PAGES = statement(
+    "session_pages",
+    _PAGES.format(
+        columns="want.key AS session_id, page.seq, page.attempt, page.type, page.data,"
+        " page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted",
+        key_type="uuid",
+        join="JOIN sessions s ON s.id = want.key",
+        table="session_events",
+        key="session_id",
+        order="seq",
+    ),
 )
-_OWNER_PAGES = _PAGES.format(
-    columns="want.key AS owner_id, page.id, page.session_id, page.type, page.data,"
-    " page.created_at, false AS deleted",
-    key_type="text",
-    join="",
-    table="owner_events",
-    key="owner_id",
-    order="id",
+_OWNER_PAGES = statement(
+    "owner_pages",
+    _PAGES.format(
+        columns="want.key AS owner_id, page.id, page.session_id, page.type, page.data,"
+        " page.created_at, false AS deleted",
+        key_type="text",
+        join="",
+        table="owner_events",
+        key="owner_id",
+        order="id",
+    ),
 )
 
 # A wanted page: (session id or owner id, after, max bytes).

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 from uuid import UUID
+
+import psycopg
 
 from app.db.pool import Connection
 from app.domain import check_owner_id
+from app.store.statements import statement
 
 # Two channels, so that a process listens only for what it acts on: API processes hear the
 # streams' keys and token deltas (many a second), workers hear about work, cancels and
@@ -120,6 +124,22 @@ async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) ->
             "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
             (STREAMS_CHANNEL, payloads),
         )
+
+
+_LISTEN = {
+    channel: statement(f"listen_{channel}", f"LISTEN {channel}")
+    for channel in (STREAMS_CHANNEL, RUNS_CHANNEL)
+}
+
+
+async def listen(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
+    """Have `conn` hear `channel` (STREAMS_CHANNEL or RUNS_CHANNEL) from now on."""
+    await conn.execute(_LISTEN[channel])
+
+
+async def probe(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Ask the server for nothing: a dead server is not always noticed by a blocked read."""
+    await conn.execute("SELECT 1")
 
 
 def notifying(key: str) -> str:

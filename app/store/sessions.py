@@ -1,6 +1,7 @@
 """Sessions: creation, listing, and the state changes the API makes (rename, cancel, follow-up,
 delete). Each function runs inside the caller's transaction and writes the row, its events and
-their NOTIFY together."""
+their NOTIFY together. A statement with forms registers each (`statements`): reading a session
+with or without its row lock, and a status change by what else it clears."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from app.errors import (
 )
 from app.store.events import append_owner_event, append_session_event, owner_event_ctes
 from app.store.notify import WORK_KEY, cancel_key, inbox_key, notify, session_key
+from app.store.statements import statement
 
 SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -38,6 +40,83 @@ SESSION_COLUMNS = """
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens
 """
+
+
+_OWNED_SESSION = f"""
+    SELECT {SESSION_COLUMNS} FROM sessions
+    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL{{lock}}
+"""
+_GET_SESSION = statement("get_session", _OWNED_SESSION.format(lock=""))
+_GET_SESSION_FOR_UPDATE = statement(
+    "get_session_for_update", _OWNED_SESSION.format(lock=" FOR UPDATE")
+)
+# Any session by id, deleted or not.
+_SESSION_BY_ID = statement("session_by_id", f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s")
+_CREATE_SESSION = statement(
+    "create_session",
+    f"""
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
+                          instructions, model_settings, approval_required)
+    VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+    """,
+)
+_LIST_SESSIONS = statement(
+    "list_sessions",
+    f"""
+    SELECT {SESSION_COLUMNS} FROM sessions
+    WHERE owner_id = %(owner)s AND deleted_at IS NULL
+      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+      AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+      AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+_RENAME = statement(
+    "rename_session",
+    f"""
+    UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
+    RETURNING {SESSION_COLUMNS}
+    """,
+)
+_REQUEST_CANCEL = statement(
+    "request_cancel",
+    f"""
+    UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE id = %s RETURNING {SESSION_COLUMNS}
+    """,
+)
+
+
+# A locked session's new status, announced on the owner feed, in one statement; in three forms,
+# by what else the change clears.
+def _set_status(clears: str = "") -> str:
+    data = (
+        "jsonb_build_object('status', s.status, 'attempt', s.attempt)"
+        " || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END"
+    )
+    return f"""
+    WITH updated AS (
+        UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp(){clears}
+        WHERE id = %s RETURNING {SESSION_COLUMNS}
+    ), {owner_event_ctes("updated", f"'{OwnerEventType.SESSION_STATUS}'", data)}
+    SELECT * FROM updated
+    """
+
+
+SET_STATUS = statement("set_status", _set_status())
+# Cancelled while no worker held it: a lease left by a run that stopped is cleared too.
+SET_STATUS_CANCELLED = statement(
+    "set_status_cancelled",
+    _set_status(
+        ",\n            cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp()),"
+        "\n            lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL"
+    ),
+)
+# Re-queued by a follow-up: a cancel requested before the session settled is forgotten.
+SET_STATUS_CANCEL_CLEARED = statement(
+    "set_status_cancel_cleared", _set_status(", cancel_requested_at = NULL")
+)
 
 
 _FIRST_FIELDS = frozenset({"prompt", "title", "model", "script", "tools", "metadata"})
@@ -75,10 +154,7 @@ async def get_session(
 ) -> dict[str, Any]:
     """The owner's live session, or SessionNotFound (also for another owner's or a deleted one)."""
     cur = await conn.execute(
-        f"SELECT {SESSION_COLUMNS} FROM sessions"
-        " WHERE id = %s AND owner_id = %s AND deleted_at IS NULL"
-        + (" FOR UPDATE" if for_update else ""),
-        (session_id, owner_id),
+        _GET_SESSION_FOR_UPDATE if for_update else _GET_SESSION, (session_id, owner_id)
     )
     row = await cur.fetchone()
     if row is None:
@@ -103,11 +179,7 @@ async def create_session(
             return await _replay_idempotent(conn, owner_id, idempotency_key, new), False
 
     cur = await conn.execute(
-        f"""
-        INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
-                              instructions, model_settings, approval_required)
-        VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
-        """,
+        _CREATE_SESSION,
         (
             session_id,
             owner_id,
@@ -131,7 +203,7 @@ async def create_session(
         {"text": new.prompt, "delivery": "queued"},
     )
     # Re-read: the event moved last_seq and updated_at, and the answer must match a later GET.
-    cur = await conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
+    cur = await conn.execute(_SESSION_BY_ID, (session_id,))
     row = await cur.fetchone()
     assert row is not None and row["last_seq"] == event["seq"]
     await append_owner_event(
@@ -152,9 +224,7 @@ async def _replay_idempotent(
     assert found is not None
     if found["request_hash"] != new.fingerprint():
         raise IdempotencyKeyReused()
-    cur = await conn.execute(
-        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (found["session_id"],)
-    )
+    cur = await conn.execute(_SESSION_BY_ID, (found["session_id"],))
     row = await cur.fetchone()
     if row is None or row["deleted_at"] is not None:  # deleted (or purged) since
         raise SessionNotFound()
@@ -175,7 +245,7 @@ async def list_sessions(
     Runs in a REPEATABLE READ transaction: the rows and the cursor come from one snapshot, so
     streaming from the cursor afterwards misses nothing and repeats nothing.
     """
-    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    await read_one_snapshot(conn)
     cur = await conn.execute(
         "SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %s), 0) AS c",
         (owner_id,),
@@ -183,15 +253,7 @@ async def list_sessions(
     cursor_row = await cur.fetchone()
     assert cursor_row is not None
     cur = await conn.execute(
-        f"""
-        SELECT {SESSION_COLUMNS} FROM sessions
-        WHERE owner_id = %(owner)s AND deleted_at IS NULL
-          AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-          AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
-          AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
-        ORDER BY created_at DESC, id DESC
-        LIMIT %(limit)s
-        """,
+        _LIST_SESSIONS,
         {
             "owner": owner_id,
             "statuses": statuses,
@@ -209,6 +271,11 @@ async def list_sessions(
     return rows, int(cursor_row["c"]), next_key
 
 
+async def read_one_snapshot(conn: Connection) -> None:
+    """Make the caller's transaction, before its first read, read one snapshot and write nothing."""
+    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
 def _like_literal(text: str) -> str:
     """`text` matched literally by LIKE (whose escape character is a backslash)."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -216,11 +283,7 @@ def _like_literal(text: str) -> str:
 
 async def rename(conn: Connection, owner_id: str, session_id: UUID, title: str) -> dict[str, Any]:
     await get_session(conn, owner_id, session_id, for_update=True)
-    cur = await conn.execute(
-        f"UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s"
-        f" RETURNING {SESSION_COLUMNS}",
-        (title, session_id),
-    )
+    cur = await conn.execute(_RENAME, (title, session_id))
     row = await cur.fetchone()
     assert row is not None
     await append_owner_event(
@@ -235,23 +298,12 @@ async def set_status(
     status: Status,
     *,
     error: dict[str, Any] | None = None,
-    extra_sets: str = "",
+    query: str = SET_STATUS,
 ) -> dict[str, Any]:
-    """Change a locked session's status and announce it on the owner feed, in one statement."""
-    data = (
-        "jsonb_build_object('status', s.status, 'attempt', s.attempt)"
-        " || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END"
-    )
+    """Change a locked session's status and announce it on the owner feed, in one statement
+    (`query`: SET_STATUS, or a form of it that clears more)."""
     cur = await conn.execute(
-        f"""
-        WITH updated AS (
-            UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp()
-                {extra_sets}
-            WHERE id = %s RETURNING {SESSION_COLUMNS}
-        ), {owner_event_ctes("updated", f"'{OwnerEventType.SESSION_STATUS}'", data)}
-        SELECT * FROM updated
-        """,
-        (status, Jsonb(error) if error is not None else None, row["id"]),
+        query, (status, Jsonb(error) if error is not None else None, row["id"])
     )
     updated = await cur.fetchone()
     assert updated is not None
@@ -270,11 +322,7 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
     if status == Status.RUNNING:
         if row["cancel_requested_at"] is not None:
             return row
-        cur = await conn.execute(
-            f"UPDATE sessions SET cancel_requested_at = clock_timestamp(),"
-            f" updated_at = clock_timestamp() WHERE id = %s RETURNING {SESSION_COLUMNS}",
-            (session_id,),
-        )
+        cur = await conn.execute(_REQUEST_CANCEL, (session_id,))
         updated = await cur.fetchone()
         assert updated is not None
         await append_owner_event(
@@ -298,8 +346,7 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
         conn,
         row,
         Status.CANCELLED,
-        extra_sets=", cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())"
-        ", lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL",
+        query=SET_STATUS_CANCELLED,
     )
 
 
@@ -314,7 +361,7 @@ async def post_message(
         conn, session_id, SessionEventType.USER_MESSAGE, {"text": text, "delivery": delivery}
     )
     if status in REQUEUEABLE:
-        await set_status(conn, row, Status.QUEUED, extra_sets=", cancel_requested_at = NULL")
+        await set_status(conn, row, Status.QUEUED, query=SET_STATUS_CANCEL_CLEARED)
         await notify(conn, WORK_KEY)
     else:
         await notify(conn, inbox_key(session_id))

@@ -1,0 +1,421 @@
+-- name: append_owner_event
+WITH event AS (
+    SELECT %(owner)s::text AS owner_id, %(session_id)s::uuid AS id,
+           clock_timestamp() AS created_at
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM event GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, %(type)s, %(data)s
+    FROM event s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT id FROM owner_appended;
+
+-- name: append_session_event
+WITH bumped AS (
+    UPDATE sessions SET last_seq = last_seq + 1, updated_at = clock_timestamp()
+    WHERE id = %(session_id)s
+    RETURNING last_seq, attempt, owner_id
+), appended AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT %(session_id)s, last_seq, attempt, %(type)s, %(data)s FROM bumped
+    RETURNING session_id, seq, attempt, type, data, created_at,
+        (SELECT owner_id FROM bumped) AS owner_id
+)
+SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
+
+-- name: claim
+WITH candidate AS (
+    SELECT s.id FROM sessions s
+    WHERE EXISTS (SELECT 1 FROM workers me
+                  WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
+      AND s.id <> ALL(%(busy)s::uuid[])
+      AND ((s.status = 'queued' AND s.deleted_at IS NULL)
+       OR (s.status = 'running' AND (
+            s.lease_worker_id IS NULL
+            OR s.lease_expires_at < clock_timestamp()
+            OR EXISTS (SELECT 1 FROM workers w
+                       WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
+    ORDER BY s.created_at
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), claimed AS (
+    UPDATE sessions s SET
+        status = 'running', attempt = s.attempt + 1,
+        last_seq = s.last_seq + (s.attempt = 0)::integer,
+        lease_worker_id = %(worker)s, lease_pid = %(pid)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        updated_at = clock_timestamp()
+    FROM candidate WHERE s.id = candidate.id
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens
+), started AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT s.id, s.last_seq, s.attempt, 'session_start',
+           jsonb_build_object('workerId', %(worker)s::text, 'pid', %(pid)s::integer,
+                              'attempt', s.attempt)
+    FROM claimed s WHERE s.attempt = 1
+    RETURNING session_id, seq, type, data,
+        pg_notify('ferryman', 's:' || session_id) IS NOT NULL AS notified
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM claimed GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', 'running', 'attempt', s.attempt)
+    FROM claimed s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT s.*, s.attempt - coalesce((
+    SELECT e.attempt FROM session_events e
+    WHERE e.session_id = s.id AND e.type = 'session_end'
+    ORDER BY e.seq DESC LIMIT 1), 0) AS claims,
+  CASE WHEN st.seq IS NULL THEN h.events
+       WHEN coalesce(h.last, 0) = st.seq - 1 THEN coalesce(h.events, '[]'::jsonb)
+           || jsonb_build_array(jsonb_build_object('seq', st.seq, 'type', st.type,
+                                                   'data', st.data))
+  END AS head
+FROM claimed s
+LEFT JOIN started st ON st.session_id = s.id
+CROSS JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object('seq', e.seq, 'type', e.type, 'data', e.data)
+                     ORDER BY e.seq) AS events,
+           max(e.seq) AS last
+    FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
+          FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
+    WHERE e.upto <= %(head_bytes)s) h
+ORDER BY s.created_at;
+
+-- name: count_undelivered
+SELECT count(*) AS n FROM sessions, LATERAL (
+    SELECT FROM session_events e WHERE e.session_id = sessions.id
+      AND e.type IN ('user_message', 'tool_approval_decided')
+      AND e.seq > greatest(sessions.delivered_seq, %(delivered)s)) e
+WHERE sessions.id = %(session_id)s;
+
+-- name: create_session
+INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
+                      instructions, model_settings, approval_required)
+VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens;
+
+-- name: get_session
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens
+FROM sessions
+   WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
+
+-- name: get_session_for_update
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens
+FROM sessions
+   WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: list_sessions
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+     AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
+   ORDER BY created_at DESC, id DESC
+   LIMIT %(limit)s;
+
+-- name: listen_ferryman
+LISTEN ferryman;
+
+-- name: listen_ferryman_runs
+LISTEN ferryman_runs;
+
+-- name: lock_for_finish
+SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
+WHERE id = %(session_id)s FOR UPDATE;
+
+-- name: owner_pages
+SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, false AS deleted, page.size
+FROM unnest(%(keys)s::text[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
+    AS want(key, after, max_bytes)
+
+LEFT JOIN LATERAL (
+    SELECT log.*, sum(log.size) OVER (ORDER BY log.id) AS upto FROM owner_events log
+    WHERE log.owner_id = want.key AND log.id > want.after
+    ORDER BY log.id LIMIT %(limit)s
+) page ON true
+WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
+ORDER BY want.key, want.after, want.max_bytes, page.id;
+
+-- name: rename_session
+UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
+RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens;
+
+-- name: request_cancel
+UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens;
+
+-- name: run_write
+WITH bumped AS (
+    UPDATE sessions SET
+        last_seq = last_seq + %(n)s, updated_at = clock_timestamp(),
+        delivered_seq = greatest(delivered_seq, %(delivered_seq)s::bigint),
+        input_tokens = input_tokens + %(input_tokens)s,
+        output_tokens = output_tokens + %(output_tokens)s,
+        cached_tokens = cached_tokens + %(cached_tokens)s,
+        active_stage = CASE WHEN %(status)s::text IS NULL
+                            THEN coalesce(%(active_stage)s::text, active_stage) END,
+        status = coalesce(%(status)s::text, status),
+        error = CASE WHEN %(status)s::text IS NULL THEN error ELSE %(error)s::jsonb END,
+        lease_worker_id = CASE WHEN %(lease_released)s THEN NULL ELSE lease_worker_id END,
+        lease_pid = CASE WHEN %(lease_released)s THEN NULL ELSE lease_pid END,
+        lease_expires_at = CASE WHEN %(lease_released)s THEN NULL ELSE lease_expires_at END
+    WHERE id = %(session_id)s AND CASE WHEN lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() THEN true ELSE ferryman_fence_refused(id) END
+    RETURNING id, owner_id, last_seq, attempt
+), appended AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT b.id, b.last_seq - %(n)s + e.ord, b.attempt, e.type, e.data
+    FROM bumped b,
+         unnest(%(types)s::text[], %(datas)b::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
+    RETURNING seq
+), noted AS (
+    INSERT INTO notes (session_id, key, text, attempt)
+    SELECT b.id, n.key, n.text, b.attempt
+    FROM bumped b, unnest(%(note_keys)b::text[], %(note_texts)b::text[]) AS n(key, text)
+    ON CONFLICT (session_id, key) DO UPDATE
+        SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()
+), notified AS MATERIALIZED (
+    SELECT count(pg_notify('ferryman', payload)) AS n
+    FROM unnest(%(payloads)b::text[] || %(notify_key)s::text) AS payload
+    WHERE EXISTS (SELECT FROM bumped)
+), owner_rows AS (
+    SELECT b.owner_id, b.id, o.ord, o.type, o.data
+    FROM bumped b,
+         unnest(%(owner_types)s::text[], %(owner_datas)b::jsonb[])
+             WITH ORDINALITY AS o(type, data, ord)
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM owner_rows GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.ord),
+           s.id, s.type, s.data
+    FROM owner_rows s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
+       (SELECT n FROM notified) AS notified;
+
+-- name: run_write_if_log_ends
+WITH bumped AS (
+    UPDATE sessions SET
+        last_seq = last_seq + %(n)s, updated_at = clock_timestamp(),
+        delivered_seq = greatest(delivered_seq, %(delivered_seq)s::bigint),
+        input_tokens = input_tokens + %(input_tokens)s,
+        output_tokens = output_tokens + %(output_tokens)s,
+        cached_tokens = cached_tokens + %(cached_tokens)s,
+        active_stage = CASE WHEN %(status)s::text IS NULL
+                            THEN coalesce(%(active_stage)s::text, active_stage) END,
+        status = coalesce(%(status)s::text, status),
+        error = CASE WHEN %(status)s::text IS NULL THEN error ELSE %(error)s::jsonb END,
+        lease_worker_id = CASE WHEN %(lease_released)s THEN NULL ELSE lease_worker_id END,
+        lease_pid = CASE WHEN %(lease_released)s THEN NULL ELSE lease_pid END,
+        lease_expires_at = CASE WHEN %(lease_released)s THEN NULL ELSE lease_expires_at END
+    WHERE id = %(session_id)s AND CASE WHEN lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() THEN true ELSE ferryman_fence_refused(id) END
+      AND last_seq = %(expected_last_seq)s AND cancel_requested_at IS NULL
+      AND NOT EXISTS (
+    SELECT FROM session_events e WHERE e.session_id = sessions.id
+      AND e.type IN ('user_message', 'tool_approval_decided')
+      AND e.seq > greatest(sessions.delivered_seq, %(delivered_seq)s::bigint))
+    RETURNING id, owner_id, last_seq, attempt
+), appended AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT b.id, b.last_seq - %(n)s + e.ord, b.attempt, e.type, e.data
+    FROM bumped b,
+         unnest(%(types)s::text[], %(datas)b::jsonb[]) WITH ORDINALITY AS e(type, data, ord)
+    RETURNING seq
+), noted AS (
+    INSERT INTO notes (session_id, key, text, attempt)
+    SELECT b.id, n.key, n.text, b.attempt
+    FROM bumped b, unnest(%(note_keys)b::text[], %(note_texts)b::text[]) AS n(key, text)
+    ON CONFLICT (session_id, key) DO UPDATE
+        SET text = excluded.text, attempt = excluded.attempt, updated_at = clock_timestamp()
+), notified AS MATERIALIZED (
+    SELECT count(pg_notify('ferryman', payload)) AS n
+    FROM unnest(%(payloads)b::text[] || %(notify_key)s::text) AS payload
+    WHERE EXISTS (SELECT FROM bumped)
+), owner_rows AS (
+    SELECT b.owner_id, b.id, o.ord, o.type, o.data
+    FROM bumped b,
+         unnest(%(owner_types)s::text[], %(owner_datas)b::jsonb[])
+             WITH ORDINALITY AS o(type, data, ord)
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM owner_rows GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.ord),
+           s.id, s.type, s.data
+    FROM owner_rows s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
+       (SELECT n FROM notified) AS notified;
+
+-- name: session_by_id
+SELECT
+    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+    approval_required, input_tokens, output_tokens, cached_tokens
+ FROM sessions WHERE id = %s;
+
+-- name: session_page
+SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size FROM (
+    SELECT log.*, sum(log.size) OVER (ORDER BY log.seq) AS upto FROM session_events log
+    WHERE log.session_id = %(key)s AND log.seq > %(after)s ORDER BY log.seq LIMIT %(limit)s
+) page JOIN sessions s ON s.id = page.session_id
+WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
+ORDER BY page.seq;
+
+-- name: session_pages
+SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS session_id, page.seq, page.attempt, page.type, page.data, page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size
+FROM unnest(%(keys)s::uuid[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
+    AS want(key, after, max_bytes)
+JOIN sessions s ON s.id = want.key
+LEFT JOIN LATERAL (
+    SELECT log.*, sum(log.size) OVER (ORDER BY log.seq) AS upto FROM session_events log
+    WHERE log.session_id = want.key AND log.seq > want.after
+    ORDER BY log.seq LIMIT %(limit)s
+) page ON true
+WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
+ORDER BY want.key, want.after, want.max_bytes, page.seq;
+
+-- name: set_status
+WITH updated AS (
+    UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp()
+    WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens
+
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM updated GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', s.status, 'attempt', s.attempt) || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END
+    FROM updated s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM updated;
+
+-- name: set_status_cancel_cleared
+WITH updated AS (
+    UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp(), cancel_requested_at = NULL
+    WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens
+
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM updated GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', s.status, 'attempt', s.attempt) || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END
+    FROM updated s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM updated;
+
+-- name: set_status_cancelled
+WITH updated AS (
+    UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp(),
+        cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp()),
+        lease_worker_id = NULL, lease_pid = NULL, lease_expires_at = NULL
+    WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens
+
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM updated GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', s.status, 'attempt', s.attempt) || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END
+    FROM updated s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM updated;
+

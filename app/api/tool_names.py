@@ -13,7 +13,7 @@ from app.store import tools as tool_store
 
 # Suggestions for an unknown name: at most this many, at least this alike (difflib's ratio).
 CLOSEST_NAMES = 3
-CLOSEST_CUTOFF = 0.5
+CLOSEST_CUTOFF = 0.6
 
 
 async def check_tool_names(services: Services, body: schemas.CreateSession) -> None:

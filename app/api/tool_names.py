@@ -50,7 +50,7 @@ async def check_tool_names(services: Services, body: schemas.CreateSession) -> N
 
 
 def _unknown(unknown: list[str], known: Collection[str]) -> str:
-    """`names no tool a worker offers: 'get_nte' (closest: get_note), ...`."""
+    """`names a tool no worker offers: 'get_nte' (closest: get_note); GET ...`."""
 
     def said(name: str) -> str:
         closest = difflib.get_close_matches(name, known, CLOSEST_NAMES, CLOSEST_CUTOFF)

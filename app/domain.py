@@ -36,8 +36,13 @@ MAX_JSON_DEPTH = 32
 MAX_SCRIPT_TURNS = 200
 MAX_TOOLS = 64
 MAX_INSTRUCTIONS_CHARS = 100_000
-# `scripted`, `openai:<model>` or `anthropic:<model>`.
 MODEL_NAME_PATTERN = r"^(scripted|(openai|anthropic):[A-Za-z0-9._:/@-]{1,200})$"
+MODEL_NAME_RULE = (
+    "must be `scripted`, `openai:<model>` or `anthropic:<model>`, where <model> is 1 to 200"
+    " letters, digits and . _ : / @ - (for example `openai:gpt-4o-mini`)"
+)
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+TOOL_NAME_RULE = "must be a tool name: letters, digits and _ . - only"
 MAX_STOP_SEQUENCES = 4
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_TITLE_CHARS = 80
@@ -110,6 +115,7 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
         "title": row["title"],
         "status": row["status"],
         "attempt": row["attempt"],
+        "resumes": row["resumes"],
         "model": row["model"],
         "prompt": row["prompt"],
         "activeStage": row["active_stage"],

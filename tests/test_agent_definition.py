@@ -84,6 +84,41 @@ async def test_bad_definitions_are_refused(
     assert any(e["field"].startswith(field) for e in problem["errors"]), problem
 
 
+async def test_unknown_tool_names_are_refused_with_the_closest_ones(
+    api: ServerProcess, key: str
+) -> None:
+    body = {
+        "prompt": "hi",
+        "tools": ["get_nte", "put_note"],
+        "approvalRequired": ["xyzzy", "put_nte"],
+        "modelSettings": {"toolChoice": "get_nte"},
+    }
+    async with client(api.url, key) as http:
+        response = await http.post("/api/agent", json=body)
+        problem = assert_problem(response, 422, "VALIDATION_ERROR")
+        errors = {e["field"]: e for e in problem["errors"]}
+        assert set(errors) == {"tools", "approvalRequired", "modelSettings.toolChoice"}
+        assert errors["tools"]["type"] == "unknown_tool"
+        assert "'get_nte' (closest: get_note" in errors["tools"]["message"]
+        assert "put_note" not in errors["tools"]["message"].split("closest")[0]
+        assert "'xyzzy' (none close)" in errors["approvalRequired"]["message"]
+        assert "'put_nte' (closest: put_note" in errors["approvalRequired"]["message"]
+        for name in ("get_nte", "xyzzy", "put_nte", "get_note", "put_note"):
+            assert name in problem["detail"], problem["detail"]
+        listed = (await http.get("/api/agent")).json()["sessions"]
+        assert listed == []  # nothing was made
+
+
+async def test_a_model_of_the_wrong_form_is_said_in_words(api: ServerProcess, key: str) -> None:
+    async with client(api.url, key) as http:
+        response = await http.post("/api/agent", json={"prompt": "hi", "model": "gpt-4o"})
+    problem = assert_problem(response, 422, "VALIDATION_ERROR")
+    (error,) = problem["errors"]
+    assert error["field"] == "model"
+    assert "`scripted`, `openai:<model>` or `anthropic:<model>`" in error["message"]
+    assert "^" not in problem["detail"] and "[A-Za-z" not in problem["detail"]
+
+
 async def test_models_of_every_provider_are_accepted(api: ServerProcess, key: str) -> None:
     async with client(api.url, key) as http:
         for name in ("scripted", "openai:gpt-5.1-mini", "anthropic:claude-sonnet-4-5@20250929"):

@@ -28,6 +28,7 @@ SESSION_FIELDS = {
     "title",
     "status",
     "attempt",
+    "resumes",
     "model",
     "prompt",
     "activeStage",
@@ -129,6 +130,7 @@ async def test_create_returns_session(server: ServerProcess, owner_key: tuple[st
         assert session["title"] == "What is 2+2?"  # the prompt's first line
         assert session["status"] == "queued"
         assert session["attempt"] == 0
+        assert session["resumes"] == 0
         assert session["model"] == "scripted"
         assert session["prompt"] == "What is 2+2?\nThanks."
         assert session["activeStage"] is None

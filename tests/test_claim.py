@@ -99,7 +99,7 @@ def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
             ("b", 1, "s1"),
         ]
         assert all(
-            kind == "session_status" and data == {"status": "running", "attempt": 1}
+            kind == "session_status" and data == {"status": "running", "attempt": 1, "resumes": 0}
             for _, _, _, kind, data in events
         )
         cursors = dict(conn.execute("SELECT owner_id, last_id FROM owner_cursors").fetchall())

@@ -74,6 +74,7 @@ async def test_lease_stolen_from_a_paused_worker_fences_it_out(
         done = await wait_for_status(http, sid, TERMINAL, timeout=30)
         assert done["status"] == "succeeded", done
         assert done["attempt"] == 2
+        assert done["resumes"] == 1  # the lease expired: a takeover
         # A thawed, tried to go on and was fenced out: only then is "nothing late" shown.
         await wait_logged(worker_a, "lease lost; run stops writing", session=sid)
         events = await transcript(http, sid)
@@ -160,6 +161,7 @@ async def test_sigterm_hands_the_session_over_at_once(
         session = (await http.get(f"/api/agent/{sid}")).json()
         assert session["status"] == "running"
         assert session["lease"]["pid"] == worker_b.pid
+        assert (session["attempt"], session["resumes"]) == (2, 1)  # a hand-over is a takeover
         stopped = await query(
             isolated_db,
             "SELECT stopped_at IS NOT NULL AS stopped FROM workers WHERE pid = %s",
@@ -194,6 +196,8 @@ async def test_crash_loop_fails_after_max_attempts_without_calling_the_model(
                 sid,
                 lambda e, n=attempt: e["type"] == "tool_call_start" and e["attempt"] == n,
             )
+            # The SIGKILLed worker's session, taken over by the next one.
+            assert (await http.get(f"/api/agent/{sid}")).json()["resumes"] == attempt - 1
             # The process dies with its liveness lock: no waiting for the 30 s lease.
             worker.signal(signal.SIGKILL)
             assert worker.proc is not None
@@ -202,6 +206,7 @@ async def test_crash_loop_fails_after_max_attempts_without_calling_the_model(
         failed = await wait_for_status(http, sid, TERMINAL)
         assert failed["status"] == "failed"
         assert failed["attempt"] == 3
+        assert failed["resumes"] == 2  # two SIGKILLed workers' runs taken over
         assert failed["error"]["code"] == "MAX_ATTEMPTS_EXCEEDED"
         assert failed["lease"] is None
         events = await transcript(http, sid)
@@ -260,6 +265,7 @@ async def test_follow_ups_do_not_count_against_max_attempts(
         done = await wait_for_status(http, sid, TERMINAL)
         assert done["status"] == "succeeded", done
         assert done["attempt"] == rounds + 1
+        assert done["resumes"] == 0  # follow-ups are runs, not takeovers
         events = await transcript(http, sid)
     assert [e["data"]["question"] for e in of_type(events, "user_question")] == [
         f"q{i}" for i in range(rounds)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import logging
+import threading
+from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from app import logs
@@ -27,3 +31,42 @@ def test_uvicorns_color_message_is_dropped(fmt: str, capsys: pytest.CaptureFixtu
         uvicorn_error.setLevel(level)
     assert "Started server process [42]" in line
     assert "color_message" not in line and "\x1b" not in line and "\\x1b" not in line
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """A real HTTP server on a free port that answers every GET with 204."""
+
+    class NoContent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoContent)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@pytest.mark.parametrize(("level", "said"), [("info", False), ("warning", False), ("debug", True)])
+def test_provider_requests_are_logged_only_at_debug(
+    level: str, said: bool, http_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """httpx (the openai and anthropic SDKs' client) says every request at info."""
+    logs.configure(level, "console")
+    try:
+        with httpx.Client() as http:
+            assert http.get(http_server).status_code == 204
+        err = capsys.readouterr().err
+    finally:
+        logging.getLogger().handlers.clear()
+        logs.configure("info", "console")
+        logging.getLogger().handlers.clear()
+    assert ("HTTP Request: GET" in err) is said, err

@@ -39,8 +39,10 @@ from app.agent.tools.mcp import (
 from tests.support import (
     REPO,
     TERMINAL,
+    WORKER_ENV,
     ServerProcess,
     StartWorker,
+    WorkerProcess,
     client,
     free_port,
     new_session,
@@ -439,3 +441,105 @@ def test_a_bad_config_stops_the_worker_with_a_message(isolated_db: str, tmp_path
     err = done.stderr.decode()
     assert "FERRYMAN_MCP_SERVERS" in err and "needs a `command`" in err
     assert "Traceback" not in err
+
+
+def test_a_missing_command_is_named_and_fails_at_once(isolated_db: str, tmp_path: Path) -> None:
+    """The worker says which command is not there and where it is configured, and does not
+    wait out FERRYMAN_MCP_CONNECT_TIMEOUT for a server that cannot start."""
+    path = write(
+        tmp_path,
+        "mcp.json",
+        json.dumps(
+            {"servers": [{"name": "ghost", "transport": "stdio", "command": "ferryman-ghost-mcp"}]}
+        ),
+    )
+    worker = WorkerProcess(
+        isolated_db,
+        env={**WORKER_ENV, "FERRYMAN_MCP_SERVERS": str(path), "FERRYMAN_MCP_CONNECT_TIMEOUT": "60"},
+    ).start()
+    try:
+        started = time.monotonic()
+        asyncio.run(ready(worker, timeout=60))
+        assert time.monotonic() - started < 20
+        logs = worker.logs()
+        assert "'ferryman-ghost-mcp' is not on PATH" in logs, logs
+        assert f"fix `command` of server 'ghost' in {path}" in logs, logs
+        assert "not up after" not in logs
+    finally:
+        worker.stop()
+
+
+async def tool_list(http: httpx.AsyncClient) -> tuple[dict[str, dict[str, Any]], int]:
+    body = (await http.get("/api/tools")).json()
+    return {t["name"]: t for t in body["tools"]}, body["workers"]
+
+
+async def test_the_catalog_is_the_live_workers_tools(
+    api: ServerProcess, key: str, start_worker: StartWorker, mcp_config: tuple[Path, Path]
+) -> None:
+    """A worker's tools leave GET /api/tools when it stops or dies; each tool says how many
+    live workers offer it. A session may still name the tools of a worker seen lately."""
+    path, _ = mcp_config
+    plain = start_worker()
+    with_mcp = start_worker({"FERRYMAN_MCP_SERVERS": str(path)})
+    await ready(plain, with_mcp)
+    async with client(api.url, key) as http:
+        tools, workers = await tool_list(http)
+        assert workers == 2
+        assert tools["put_note"]["workers"] == 2
+        assert tools["notes__echo"]["workers"] == 1
+        assert tools["notes__echo"]["source"] == "mcp:notes"
+
+        with_mcp.stop()  # stopped: marks itself stopped
+        tools, workers = await tool_list(http)
+        assert workers == 1 and "notes__echo" not in tools
+        assert tools["put_note"]["workers"] == 1
+
+        # Seen a moment ago: its tools are names a session may still use (a deploy), a
+        # misspelling of them is not.
+        accepted = await http.post("/api/agent", json={"prompt": "x", "tools": ["notes__echo"]})
+        assert accepted.status_code == 201, accepted.text
+        await http.post(f"/api/agent/{accepted.json()['id']}/cancel")
+        refused = await http.post("/api/agent", json={"prompt": "x", "tools": ["notes__ecoh"]})
+        assert refused.status_code == 422
+        assert "'notes__ecoh' (closest: notes__echo" in refused.json()["detail"]
+
+        killed = start_worker({"FERRYMAN_MCP_SERVERS": str(path)})
+        await ready(killed)
+        assert (await tool_list(http))[0]["notes__echo"]["workers"] == 1
+        killed.signal(signal.SIGKILL)  # dead: the survivor's death watch reaps it at once
+        deadline = time.monotonic() + 5
+        while "notes__echo" in (await tool_list(http))[0]:
+            assert time.monotonic() < deadline, "a dead worker's tools are still listed"
+            await asyncio.sleep(0.1)
+        assert (await tool_list(http))[1] == 1
+
+
+async def test_a_session_naming_a_tool_runs_only_on_a_worker_that_offers_it(
+    api: ServerProcess, key: str, start_worker: StartWorker, mcp_config: tuple[Path, Path]
+) -> None:
+    path, _ = mcp_config
+    # A worker with the tool was seen a moment ago, so a session may name it.
+    seen = start_worker({"FERRYMAN_MCP_SERVERS": str(path)})
+    await ready(seen)
+    seen.stop()
+    plain = start_worker()
+    await ready(plain)
+    echo = {"name": "notes__echo", "arguments": {"text": "on B"}}
+    async with client(api.url, key) as http:
+        named = await new_session(
+            http, script=[{"toolCalls": [echo]}, {"text": "done"}], tools=["notes__echo"]
+        )
+        anywhere = await new_session(http, "no tools named")
+        assert (await wait_for_status(http, anywhere, TERMINAL))["status"] == "succeeded"
+        await asyncio.sleep(2)  # ten claim intervals of the worker without the tool
+        assert (await http.get(f"/api/agent/{named}")).json()["status"] == "queued"
+
+        with_mcp = start_worker({"FERRYMAN_MCP_SERVERS": str(path)})
+        await ready(with_mcp)
+        assert (await wait_for_status(http, named, TERMINAL))["status"] == "succeeded"
+        events = await transcript(http, named)
+    (start,) = of_type(events, "session_start")
+    assert start["data"]["pid"] == with_mcp.pid
+    (result,) = of_type(events, "tool_result")
+    assert result["data"]["content"] == "on B"

@@ -14,9 +14,11 @@ also write the README's screenshots to docs/screenshots/.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -244,6 +246,7 @@ def test_assets_load_and_the_fold_behaves_in_the_browser(page: Page, web: Server
         "Provider busy, retrying in 1.5 s",
         "Worker died, resumed on w2 at attempt 2",
     ]
+    assert result["followUp"] == ["quiet", "Continued on w3 · attempt 3"]
 
 
 def test_the_list_fold_in_the_browser(page: Page, web: ServerProcess) -> None:
@@ -258,7 +261,8 @@ def test_the_list_fold_in_the_browser(page: Page, web: ServerProcess) -> None:
         "replay": False,
         "fetch": "q",  # unknown here, and it may match the filter now
         "complete": True,
-        "order": ["c:queued", "b:running", "z:succeeded"],
+        "order": ["c:queued", "b:succeeded", "z:succeeded"],
+        "bRuns": [2, 1, "succeeded"],
     }
 
 
@@ -410,7 +414,7 @@ def test_a_worker_killed_mid_tool_shows_the_resume(
     expect(page.locator("#status")).to_have_text("succeeded")
     expect(page.locator("#chat .msg.assistant .bubble").last).to_have_text("Woke up.")
     expect(page.locator("#chat article.tool[data-status=interrupted]")).to_have_count(1)
-    expect(page.locator(f"#sessions li[data-id='{sid}'] .attempts")).to_have_text("attempt 2")
+    expect(page.locator(f"#sessions li[data-id='{sid}'] .resumes")).to_have_text("resumed once")
     assert_log_matches(page, http, sid)
     wait_ready(spare)
 
@@ -480,6 +484,79 @@ def test_an_approval_and_a_question(
     expect(page.locator("#chat .msg.assistant .bubble").last).to_have_text("Blue it is.")
     expect(question.locator(".option")).to_have_count(0)  # answered
     assert_log_matches(page, http, sid)
+
+
+def test_a_message_to_a_session_waiting_for_approval_asks_first(
+    page: Page, web: ServerProcess, workers: Workers, http: httpx.Client
+) -> None:
+    """A message denies the calls that wait for approval: the composer says so, and asks in a
+    dialog of the page before sending. Follow-ups are runs, not takeovers: no resume shown."""
+    note = {"name": "put_note", "arguments": {"key": "k", "text": "t"}}
+    script = [{"text": "Saving.", "toolCalls": [note]}, {"text": "Understood."}]
+    sid = create(
+        http, "deny", title="Deny by message", script=script, approvalRequired=["put_note"]
+    )["id"]
+    open_session(page, web.url, sid)
+    expect(card(page, "put_note")).to_have_attribute("data-status", "awaiting_approval")
+    expect(page.locator("#send")).to_have_text("Deny & send")
+    expect(page.locator("#send-hint")).to_contain_text(
+        "A message denies the call of put_note that waits for approval"
+    )
+    page.locator("#text").fill("Do not save it.")
+    page.click("#send")
+    dialog = page.locator("#deny-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("denies the call of put_note")
+    page.click("#deny-keep")  # not sent: the call still waits
+    expect(dialog).to_be_hidden()
+    page.wait_for_timeout(300)
+    assert session_of(http, sid)["status"] == "waiting"
+    expect(page.locator("#text")).to_have_value("Do not save it.")
+    page.click("#send")
+    page.click("#deny-send")
+    expect(card(page, "put_note")).to_have_attribute("data-status", "denied")
+    expect(page.locator("#status")).to_have_text("succeeded")
+    expect(page.locator("#chat .msg.assistant .bubble").last).to_have_text("Understood.")
+    expect(page.locator("#chat .marker", has_text="resumed")).to_have_count(0)
+    expect(page.locator("#chat .marker", has_text="Continued on")).to_have_count(1)
+    done = session_of(http, sid)
+    assert (done["attempt"], done["resumes"]) == (2, 0)
+    expect(page.locator(f"#sessions li[data-id='{sid}'] .resumes")).to_have_count(0)
+
+
+def test_the_tool_list_marks_tools_only_some_workers_have(
+    page: Page, web: ServerProcess, workers: Workers, tmp_path: Path
+) -> None:
+    config = tmp_path / "mcp.json"
+    notes = {
+        "name": "notes",
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": ["-m", "tests.mcp_servers.notes_server"],
+        "cwd": REPO,
+        "env": {"NOTES_SERVER_LOG": str(tmp_path / "notes.jsonl")},
+    }
+    config.write_text(json.dumps({"servers": [notes]}))
+    with_mcp = WorkerProcess(
+        workers.url, env={**workers.env, "FERRYMAN_MCP_SERVERS": str(config)}
+    ).start()
+    try:
+        wait_ready(with_mcp)
+        page.goto(web.url)
+        page.click("#new-session")
+        page.click("details.more-options:has-text('Tools') summary")
+        total = len(workers.alive) + 1
+        expect(page.locator(".tool-option[data-tool=notes__echo] .partial")).to_have_text(
+            f"1 of {total} workers"
+        )
+        expect(page.locator(".tool-option[data-tool=put_note] .partial")).to_have_count(0)
+    finally:
+        with_mcp.stop()
+    # Stopped: its tools leave the list the next time the form opens.
+    page.click("#create-cancel")
+    page.click("#new-session")
+    expect(page.locator(".tool-option[data-tool=put_note]")).to_be_visible()
+    expect(page.locator(".tool-option[data-tool=notes__echo]")).to_have_count(0)
 
 
 def test_keys_mode_asks_for_a_key(page: Page, keys_server: ServerProcess, quiet_db: str) -> None:

@@ -26,11 +26,21 @@ async () => {
   c.apply(ev('session_resumed', {workerId: 'w2', pid: 2, attempt: 2, reason: 'crash',
     transcriptMessages: 3, repairedToolCalls: ['b']}));
   const state = (id) => [c.calls.get(id).status, c.calls.get(id).cause];
+  const markers = c.items.filter((i) => i.kind === 'marker').map((i) => i.text);
+  const texts = c.view.filter((i) => i.kind === 'assistant').map((i) => i.text);
+  // A follow-up after the run finished: a new run, never announced as a resume.
+  c.apply(ev('assistant_message', {text: 'Done', stopReason: 'stop', toolCalls: []}));
+  c.apply(ev('session_end', {status: 'succeeded'}));
+  c.apply(ev('user_message', {text: 'one more thing', delivery: 'queued'}));
+  c.apply(ev('session_resumed', {workerId: 'w3', pid: 3, attempt: 3, reason: 'follow_up',
+    transcriptMessages: 6, repairedToolCalls: []}));
+  const last = c.items.filter((i) => i.kind === 'marker').at(-1);
   return {
     afterRetry, draft, replayed,
     a: state('a'), b: state('b'), c: state('c'), label: interruptedLabel(c.calls.get('b').cause),
     draftAfterResume: c.draft,
-    markers: c.items.filter((i) => i.kind === 'marker').map((i) => i.text),
-    texts: c.view.filter((i) => i.kind === 'assistant').map((i) => i.text),
+    markers,
+    texts,
+    followUp: [last.tone, last.text],
   };
 }

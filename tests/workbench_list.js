@@ -19,8 +19,13 @@ async () => {
   const filtered = new SessionList({status: 'running'});
   filtered.addPage({cursor: '0', nextPageToken: null, sessions: []});
   const fetch = filtered.apply(ev(1, 'session_status', 'q', {status: 'running', attempt: 1})).fetch;
+  // A claim says the session's takeovers; a run's end (no `resumes`) leaves them.
+  list.apply(ev(12, 'session_status', 'b', {status: 'running', attempt: 2, resumes: 1}));
+  list.apply(ev(13, 'session_status', 'b', {status: 'succeeded', attempt: 2}));
+  const b = list.rows.get('b');
   return {
     stale, fresh, old, zAfterOld, replay, fetch, complete: list.complete,
+    bRuns: [b.attempt, b.resumes, b.status],
     order: list.visible().map((s) => `${s.id}:${s.status}`),
   };
 }

@@ -32,6 +32,9 @@ class SessionCreatedData(Data):
 class SessionStatusData(Data):
     status: Status
     attempt: int
+    resumes: int | None = Field(
+        default=None, description="When a claim starts a run: the session's takeovers so far."
+    )
     error: SessionError | None = Field(default=None, description="When `failed`.")
 
 

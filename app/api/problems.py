@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.domain import MODEL_NAME_PATTERN, MODEL_NAME_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE
 from app.errors import FerrymanError, ProblemCode
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,8 @@ def plain_message(err: Mapping[str, Any]) -> str:
         kind = "string_too_short"  # min_length on a validated string is reported as a list's
     elif kind == "too_long" and isinstance(err.get("input"), str):
         kind = "string_too_long"
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_RULES:
+        return _PATTERN_RULES[ctx["pattern"]]
     template = _PLAIN.get(kind)
     if template is not None:
         try:
@@ -136,6 +139,10 @@ def plain_message(err: Mapping[str, Any]) -> str:
     message = str(err.get("msg", "is not valid"))
     return message.removeprefix("Value error, ")
 
+
+# The patterns of the API's own fields, said as the rule they stand for: a regular expression
+# tells most readers nothing.
+_PATTERN_RULES = {MODEL_NAME_PATTERN: MODEL_NAME_RULE, TOOL_NAME_PATTERN: TOOL_NAME_RULE}
 
 _PLAIN = {
     "missing": "is required",

@@ -20,6 +20,7 @@ from app.domain import (
     MAX_TITLE_CHARS,
     MAX_TOOLS,
     MODEL_NAME_PATTERN,
+    TOOL_NAME_PATTERN,
     Status,
 )
 from app.errors import ProblemCode
@@ -78,7 +79,7 @@ def _small_json(value: dict[str, Any]) -> dict[str, Any]:
 
 Text = Annotated[str, AfterValidator(_storable)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable), AfterValidator(_small_json)]
-ToolName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")]
+ToolName = Annotated[str, Field(min_length=1, max_length=200, pattern=TOOL_NAME_PATTERN)]
 Title = Annotated[Text, Field(min_length=1, max_length=MAX_TITLE_CHARS)]
 
 
@@ -144,9 +145,19 @@ class ModelSettings(Request):
 class CreateSession(Request):
     prompt: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     title: Title | None = None
-    model: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN, max_length=220)
+    model: str | None = Field(
+        default=None,
+        pattern=MODEL_NAME_PATTERN,
+        max_length=220,
+        description="`scripted`, `openai:<model>` or `anthropic:<model>`; unset: FERRYMAN_MODEL.",
+    )
     script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
-    tools: list[ToolName] | None = Field(default=None, max_length=MAX_TOOLS)
+    tools: list[ToolName] | None = Field(
+        default=None,
+        max_length=MAX_TOOLS,
+        description="The tools the agent may use (GET /api/tools lists them); unset: all. Only"
+        " a worker that offers every one of them runs the session.",
+    )
     metadata: JsonObject | None = Field(
         default=None,
         description=f"Yours to keep with the session: at most {MAX_METADATA_BYTES} bytes.",
@@ -216,10 +227,15 @@ class ToolInfo(BaseModel):
     idempotent: bool
     requiresApproval: bool
     source: str = Field(description='"builtin", "plugin" or "mcp:<server>"')
+    workers: int = Field(
+        description="How many live workers offer it: fewer than the top-level `workers` when"
+        " only some do (a session naming it runs on one of those)."
+    )
 
 
 class ToolList(BaseModel):
     tools: list[ToolInfo]
+    workers: int = Field(description="How many workers are alive now.")
 
 
 class FieldError(BaseModel):
@@ -276,7 +292,11 @@ class Session(BaseModel):
     ownerId: str
     title: str
     status: Status
-    attempt: int
+    attempt: int = Field(description="How many runs the session has had: every claim adds 1.")
+    resumes: int = Field(
+        description="How many of those runs took the session over from one that did not finish"
+        " (its worker crashed or lost its lease, or shut down): not follow-ups or approvals."
+    )
     model: str
     prompt: str
     activeStage: str | None

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from app.api import schemas
 from app.api.deps import DatabaseDep, Owner, ServicesDep
 from app.api.openapi import problems
+from app.api.tool_names import check_tool_names
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     TERMINAL,
@@ -93,6 +94,7 @@ async def create_session(
         ),
     ] = None,
 ) -> dict[str, Any]:
+    await check_tool_names(services, body)
     new = session_store.NewSession(
         prompt=body.prompt,
         title=body.title or default_title(body.prompt),

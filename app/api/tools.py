@@ -22,11 +22,16 @@ router = APIRouter(prefix="/api", tags=["tools"])
     responses=problems(*ANY_ERRORS),
 )
 async def list_tools(_: Owner, services: ServicesDep) -> dict[str, Any]:
-    """Every tool a session may name in `tools` and `approvalRequired`: built-ins, plug-ins and
-    MCP servers' tools, as the workers offer them (the catalog the last worker to start
-    published). Before any worker has published, the tools this API process itself loads."""
+    """The tools of the workers alive now (built-ins, plug-ins and MCP servers' tools), each
+    with how many of them offer it, and how many workers are alive. A worker's tools leave the
+    list when it stops or dies. The built-ins and plug-ins this API process loads are listed
+    too, with `workers: 0` when no live worker offers them (no worker runs, say)."""
     async with services.db.connection() as conn:
-        tools = await tool_store.read_catalog(conn)
-    if not tools:
-        tools = [tool.catalog_entry() for tool in services.local_tools().tools()]
-    return {"tools": tools}
+        tools, workers = await tool_store.read_catalog(conn, services.settings.lease_ttl)
+    offered = {tool["name"] for tool in tools}
+    local = [
+        {**tool.catalog_entry(), "workers": 0}
+        for tool in services.local_tools().tools()
+        if tool.name not in offered
+    ]
+    return {"tools": sorted([*tools, *local], key=lambda tool: tool["name"]), "workers": workers}

@@ -98,7 +98,7 @@ class Worker:
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.
         self.mcp_servers = [
-            McpServer(config, self._on_mcp_tools)
+            McpServer(config, self._on_mcp_tools, config_file=settings.mcp_servers)
             for config in (load_config(settings.mcp_servers) if settings.mcp_servers else [])
         ]
         self.runs: dict[UUID, Run] = {}
@@ -213,7 +213,16 @@ class Worker:
             *(server.wait_connected(timeout) for server in self.mcp_servers)
         )
         for server, up in zip(self.mcp_servers, connected, strict=True):
-            if not up:
+            if up:
+                continue
+            if server.last_error is not None:
+                log.warning(
+                    "MCP server %s failed to start (%s); it is tried again with backoff, and"
+                    " its tools come when it is up",
+                    server.name,
+                    server.last_error,
+                )
+            else:
                 log.warning(
                     "MCP server %s is not up after %g s; its tools come when it is",
                     server.name,
@@ -228,11 +237,12 @@ class Worker:
             task.add_done_callback(self.tasks.discard)
 
     async def _publish_tools(self) -> None:
-        """Publish the tools this worker offers, for GET /api/tools."""
+        """Publish the tools this worker offers, for GET /api/tools and the names a session
+        may use."""
         entries = [tool.catalog_entry() for tool in self.context.registry.tools()]
         try:
             async with self.db.transaction() as conn:
-                await tool_store.publish_catalog(conn, entries)
+                await tool_store.publish_worker_tools(conn, self.id, entries)
         except UNAVAILABLE_ERRORS as exc:
             log.warning("tool catalog not published, database unavailable: %s", exc)
 
@@ -263,19 +273,30 @@ class Worker:
 
     async def _claim_rows(self, conn: Connection, limit: int) -> list[dict[str, Any]]:
         return await claim_store.claim(
-            conn, self.id, self.context.pid, self.settings.lease_ttl, list(self.runs), limit
+            conn,
+            self.id,
+            self.context.pid,
+            self.settings.lease_ttl,
+            list(self.runs),
+            limit,
+            tools=self.context.registry.names(),
         )
 
     async def _settle_unrunnable(self, row: dict[str, Any]) -> bool:
-        """Settle a claimed session that must not run: claimed too often without finishing,
-        or cancelled (or deleted) while no worker held it. True when it was settled."""
+        """Settle a claimed session that must not run: its last FERRYMAN_MAX_ATTEMPTS runs all
+        ended without finishing (each taken over after a crash, a lost lease or a shutdown;
+        follow-ups and approvals start runs after one that finished, so they never count), or
+        it was cancelled (or deleted) while no worker held it. True when it was settled."""
         fence = Fence(self.id, row["attempt"])
-        if row["claims"] > self.settings.max_attempts:
+        # `claims` counts this claim too: the runs before it that did not finish are one less.
+        unfinished = row["claims"] - 1
+        if unfinished >= self.settings.max_attempts:
             status = Status.FAILED
             error: dict[str, Any] | None = {
                 "code": MAX_ATTEMPTS_CODE,
-                "message": f"claimed {row['claims']} times without finishing "
-                f"(FERRYMAN_MAX_ATTEMPTS={self.settings.max_attempts})",
+                "message": f"its last {unfinished} runs ended without finishing (a crash, a lost"
+                f" lease or a shutdown each time; FERRYMAN_MAX_ATTEMPTS="
+                f"{self.settings.max_attempts})",
             }
         elif row["cancel_requested_at"] is not None or row["deleted_at"] is not None:
             status, error = Status.CANCELLED, None  # no model call for it

@@ -8,6 +8,8 @@ from collections.abc import Collection
 from typing import Any
 from uuid import UUID
 
+from psycopg.types.json import Jsonb
+
 from app.db.pool import Connection
 from app.domain import OwnerEventType, SessionEventType
 from app.store.events import owner_event_ctes
@@ -36,6 +38,7 @@ CLAIM_SQL = statement(
         WHERE EXISTS (SELECT 1 FROM workers me
                       WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
           AND s.id <> ALL(%(busy)s::uuid[])
+          AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
           AND ((s.status = 'queued' AND s.deleted_at IS NULL)
            OR (s.status = 'running' AND (
                 s.lease_worker_id IS NULL
@@ -48,6 +51,7 @@ CLAIM_SQL = statement(
     ), claimed AS (
         UPDATE sessions s SET
             status = 'running', attempt = s.attempt + 1,
+            resumes = s.resumes + (s.status = 'running')::integer,
             last_seq = s.last_seq + (s.attempt = 0)::integer,
             lease_worker_id = %(worker)s, lease_pid = %(pid)s,
             lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
@@ -66,7 +70,7 @@ CLAIM_SQL = statement(
         owner_event_ctes(
             "claimed",
             f"'{OwnerEventType.SESSION_STATUS}'",
-            "jsonb_build_object('status', 'running', 'attempt', s.attempt)",
+            "jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)",
         )
     }
     SELECT s.*, s.attempt - coalesce((
@@ -97,7 +101,12 @@ CLAIM_HEAD_BYTES = 64 * 1024
 
 
 def claim_params(
-    worker_id: str, pid: int, ttl: float, busy: Collection[UUID], limit: int
+    worker_id: str,
+    pid: int,
+    ttl: float,
+    busy: Collection[UUID],
+    limit: int,
+    tools: Collection[str] = (),
 ) -> dict[str, Any]:
     """The parameters of CLAIM_SQL."""
     return {
@@ -106,6 +115,7 @@ def claim_params(
         "ttl": ttl,
         "busy": list(busy),
         "limit": limit,
+        "tools": Jsonb(list(tools)),
         "head_events": CLAIM_HEAD_EVENTS,
         "head_bytes": CLAIM_HEAD_BYTES,
     }
@@ -118,6 +128,7 @@ async def claim(
     ttl: float,
     busy: Collection[UUID] = (),
     limit: int = 1,
+    tools: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Claim up to `limit` sessions: queued ones, or running ones whose lease expired, was
     released, or whose worker is dead. Adds 1 to each `attempt`, and logs `session_start` for a
@@ -131,9 +142,14 @@ async def claim(
     noticed yet): it must not take them back before that run is gone, or the two would share
     the worker's one slot and heartbeat for that session.
 
+    `tools`: the names of the tools this worker offers. A session that names tools is claimed
+    only by a worker that offers every one of them; one that names none (all tools) by any.
+    A claim that takes a running session over from a run that did not finish (its lease expired
+    or was released, its worker died) adds 1 to its `resumes`.
+
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
     it would take back its own sessions claim after claim, each spending an attempt."""
-    params = claim_params(worker_id, pid, ttl, busy, limit)
+    params = claim_params(worker_id, pid, ttl, busy, limit, tools)
     cur = await conn.execute(CLAIM_SQL, params)
     return await cur.fetchall()

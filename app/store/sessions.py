@@ -38,7 +38,7 @@ SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes
 """
 
 

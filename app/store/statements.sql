@@ -39,6 +39,7 @@ WITH candidate AS (
     WHERE EXISTS (SELECT 1 FROM workers me
                   WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
       AND s.id <> ALL(%(busy)s::uuid[])
+      AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
       AND ((s.status = 'queued' AND s.deleted_at IS NULL)
        OR (s.status = 'running' AND (
             s.lease_worker_id IS NULL
@@ -51,12 +52,13 @@ WITH candidate AS (
 ), claimed AS (
     UPDATE sessions s SET
         status = 'running', attempt = s.attempt + 1,
+        resumes = s.resumes + (s.status = 'running')::integer,
         last_seq = s.last_seq + (s.attempt = 0)::integer,
         lease_worker_id = %(worker)s, lease_pid = %(pid)s,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -76,7 +78,7 @@ owner_cursor AS (
     SELECT s.owner_id,
            c.last_id - count(*) OVER owner
                + row_number() OVER (owner ORDER BY s.created_at, s.id),
-           s.id, 'session_status', jsonb_build_object('status', 'running', 'attempt', s.attempt)
+           s.id, 'session_status', jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)
     FROM claimed s JOIN owner_cursor c ON c.owner_id = s.owner_id
     WINDOW owner AS (PARTITION BY s.owner_id)
     RETURNING id
@@ -115,14 +117,14 @@ VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes;
 
 -- name: get_session
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -131,7 +133,7 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -140,7 +142,7 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -178,7 +180,7 @@ RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -186,7 +188,7 @@ WHERE id = %s RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes;
 
 -- name: run_write
 WITH bumped AS (
@@ -312,7 +314,7 @@ SELECT
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -343,7 +345,7 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens
+approval_required, input_tokens, output_tokens, cached_tokens, resumes
 
 ),
 owner_cursor AS (
@@ -370,7 +372,7 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens
+approval_required, input_tokens, output_tokens, cached_tokens, resumes
 
 ),
 owner_cursor AS (
@@ -399,7 +401,7 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens
+approval_required, input_tokens, output_tokens, cached_tokens, resumes
 
 ),
 owner_cursor AS (

@@ -211,7 +211,11 @@ function renderList() {
     h('span', {class: 'row-title', text: s.title}),
     h('span', {class: 'row-meta'},
       h('span', {class: `badge status-${s.status}`, text: s.status}),
-      s.attempt > 1 ? h('span', {class: 'attempts', text: `attempt ${s.attempt}`}) : null,
+      s.resumes > 0 ? h('span', {
+        class: 'resumes',
+        title: 'Taken over from a worker that crashed, lost its lease or shut down',
+        text: s.resumes === 1 ? 'resumed once' : `resumed ${s.resumes}×`,
+      }) : null,
       h('time', {datetime: s.createdAt, title: when(s.createdAt), text: ago(s.createdAt)}))))));
   const filtered = Boolean(list.status || list.search.trim());
   $('list-empty').textContent = filtered ? 'No session matches.' : 'No sessions yet. Create one.';
@@ -353,7 +357,9 @@ function renderDetails(s, status) {
   const rows = [];
   const add = (label, ...value) => rows.push(h('div', {}, h('dt', {text: label}), h('dd', {}, ...value)));
   if (s) {
-    add('Attempt', String(s.attempt));
+    // Runs, and the takeovers among them: follow-ups and approvals are runs, not resumes.
+    add('Attempt', String(s.attempt), s.resumes > 0
+      ? h('span', {class: 'resumes', text: ` · resumed ${s.resumes}× after a crash or shutdown`}) : null);
     add('Worker', s.lease
       ? h('span', {title: `${s.lease.workerId} · pid ${s.lease.pid ?? '?'}`, text: `${shortWorker(s.lease.workerId)} · pid ${s.lease.pid ?? '?'}`})
       : (TERMINAL.has(status) || status === 'waiting' ? 'none (not running)' : 'none yet'));
@@ -383,7 +389,12 @@ function renderActions(s, status) {
   cancel.disabled = Boolean(s?.cancelRequested);
   cancel.textContent = s?.cancelRequested ? 'Cancelling…' : 'Cancel';
   const send = $('send');
-  if (status === 'running') {
+  const pending = state.conversation.pendingApprovals;
+  if (pending.length) {
+    send.textContent = 'Deny & send';
+    $('send-hint').textContent = `A message denies ${approvalsWaiting(pending)}: approve or deny `
+      + 'each above to decide it yourself.';
+  } else if (status === 'running') {
     send.textContent = 'Steer';
     $('send-hint').textContent = 'The agent reads it at its next turn.';
   } else if (status === 'queued') {
@@ -453,14 +464,46 @@ $('delete').addEventListener('click', () => {
     if (state.openId === id) closeSession('Session deleted.');
   });
 });
+function approvalsWaiting(calls) {
+  const names = [...new Set(calls.map((c) => c.name || 'tool'))].join(', ');
+  return calls.length === 1 ? `the call of ${names} that waits for approval`
+    : `the ${calls.length} calls that wait for approval (${names})`;
+}
+
+function sendMessage(text) {
+  const id = state.openId;
+  act(async () => {
+    await api('POST', sessionPath(id, '/messages'), {text});
+    if (state.openId === id) $('text').value = '';
+  });
+}
+
+// A message to a session that waits for approvals denies them (the API's rule): asked first,
+// in a dialog of the page.
+let denyConfirmed = null;
+$('deny-send').addEventListener('click', () => $('deny-dialog').close('send'));
+$('deny-keep').addEventListener('click', () => $('deny-dialog').close(''));
+$('deny-dialog').addEventListener('close', () => {
+  const confirmed = denyConfirmed;
+  denyConfirmed = null;
+  if (confirmed && $('deny-dialog').returnValue === 'send') confirmed();
+});
+
 $('composer').addEventListener('submit', (event) => {
   event.preventDefault();
   const text = $('text').value;
   if (!text.trim()) return;
-  act(async () => {
-    await api('POST', sessionPath(state.openId, '/messages'), {text});
-    $('text').value = '';
-  });
+  const pending = state.conversation.pendingApprovals;
+  if (!pending.length) {
+    sendMessage(text);
+    return;
+  }
+  $('deny-text').textContent = `Sending this message denies ${approvalsWaiting(pending)}; `
+    + 'the agent reads the message and that the calls were not made.';
+  denyConfirmed = () => sendMessage(text);
+  $('deny-dialog').returnValue = '';
+  $('deny-dialog').showModal();
+  $('deny-keep').focus();
 });
 $('text').addEventListener('keydown', (event) => {
   if (event.key === 'Enter' && (event.metaKey || event.ctrlKey)) $('composer').requestSubmit();

@@ -191,7 +191,8 @@ export class Conversation {
     } else if (reason === 'shutdown') {
       this.marker(seq, 'warn', `Worker shut down, resumed on ${where}`, repairs);
     } else {
-      this.marker(seq, 'quiet', `Resumed on ${where}`, repairs);
+      // A follow-up (a message or an approval after a run that finished): a new run, no resume.
+      this.marker(seq, 'quiet', `Continued on ${shortWorker(data.workerId)} · attempt ${data.attempt}`, repairs);
     }
   }
 

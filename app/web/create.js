@@ -33,21 +33,38 @@ export class CreateForm {
     this.clearErrors();
     this.dialog.showModal();
     this.form.elements.prompt.focus();
-    if (!this.tools) await this.loadTools();
+    await this.loadTools(); // again each time: workers come and go, and their tools with them
   }
 
   async loadTools() {
     const list = $('tool-list');
+    let catalog;
     try {
-      this.tools = (await api('GET', '/api/tools')).tools;
+      catalog = await api('GET', '/api/tools');
     } catch (error) {
       list.replaceChildren(h('p', {class: 'hint', text: `Tools could not be listed: ${error.message}`}));
       return;
     }
-    list.replaceChildren(...this.tools.map((tool) => h('div', {class: 'tool-option'},
+    this.tools = catalog.tools;
+    const workers = catalog.workers;
+    // The catalog is the live workers' tools: one only some of them offer makes a session
+    // that names it wait for one of those.
+    const partial = (tool) => {
+      if (workers === 0 || tool.workers >= workers) return null;
+      const text = tool.workers === 0 ? 'no worker has it' : `${tool.workers} of ${workers} workers`;
+      return h('span', {
+        class: 'partial', text,
+        title: 'A session that names it runs only on a worker that has it.',
+      });
+    };
+    const idle = workers === 0
+      ? [h('p', {class: 'hint wide', text: 'No worker is running: a session waits in the queue until one starts.'})]
+      : [];
+    list.replaceChildren(...idle,
+      ...this.tools.map((tool) => h('div', {class: 'tool-option', dataset: {tool: tool.name}},
       h('label', {title: tool.description},
         h('input', {type: 'checkbox', name: 'tool', value: tool.name, checked: true}),
-        h('code', {text: tool.name})),
+        h('code', {text: tool.name}), partial(tool)),
       h('label', {class: 'approval', title: 'Every call waits for a person'},
         h('input', {
           type: 'checkbox', name: 'approval', value: tool.name,

@@ -84,6 +84,7 @@ export class SessionList {
       case 'session_status':
         row.status = data.status;
         row.attempt = data.attempt ?? row.attempt;
+        row.resumes = data.resumes ?? row.resumes; // a claim says it; a takeover moves it
         row.error = data.error ?? (data.status === 'failed' ? row.error : null);
         if (['succeeded', 'failed', 'cancelled', 'waiting'].includes(data.status)) row.lease = null;
         break;

@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import shutil
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -36,6 +38,8 @@ SERVER_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,40}$"
 # Model providers take function names of [A-Za-z0-9_-], at most 64 characters.
 MAX_TOOL_NAME_CHARS = 64
 SEPARATOR = "__"
+
+_E = TypeVar("_E", bound=BaseException)
 
 
 class McpConfigError(ValueError):
@@ -154,8 +158,12 @@ class McpServer:
         on_tools: Callable[[McpServer], None] = lambda _: None,
         *,
         restart_cap: float = 30.0,
+        config_file: Path | None = None,
     ) -> None:
         self.config = config
+        self.config_file = config_file
+        # Why the last connection attempt failed (None once one succeeds).
+        self.last_error: str | None = None
         self.name = config.name
         self.source = f"mcp:{config.name}"
         self.tools: list[Tool] = []
@@ -164,6 +172,7 @@ class McpServer:
         self._client: Any = None
         self._ended = asyncio.Event()  # set when the current connection is known to be gone
         self._ready = asyncio.Event()
+        self._attempted = asyncio.Event()  # set once a connection attempt succeeded or failed
         self._stop = asyncio.Event()
         self._owner: asyncio.Task[None] | None = None
         self._backoff = Backoff(first=0.25, cap=restart_cap)
@@ -174,11 +183,13 @@ class McpServer:
         self._owner = asyncio.create_task(self._own(), name=f"mcp {self.name}")
 
     async def wait_connected(self, timeout: float) -> bool:
+        """Whether the first connection attempt connected, waiting at most `timeout` s for its
+        outcome: an attempt that fails (a command that does not exist) answers at once."""
         try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
+            await asyncio.wait_for(self._attempted.wait(), timeout)
         except TimeoutError:
             return False
-        return True
+        return self._ready.is_set()
 
     async def stop(self) -> None:
         self._stop.set()
@@ -201,6 +212,8 @@ class McpServer:
                     self.tools = self._tools(await _list_tools(client))
                     self._client = client
                     self._ready.set()
+                    self._attempted.set()
+                    self.last_error = None
                     self._backoff.reset()
                     log.info("MCP server %s connected: %d tools", self.name, len(self.tools))
                     self._on_tools(self)
@@ -208,13 +221,33 @@ class McpServer:
                     if ended.is_set() and not self._stop.is_set():
                         log.warning("MCP server %s went away; restarting it", self.name)
             except Exception as exc:  # an HTTP transport's errors leave as exception groups
-                log.warning("MCP server %s unavailable: %s", self.name, _describe(exc))
+                self.last_error = self._why(exc)
+                self._attempted.set()
+                log.warning("MCP server %s unavailable: %s", self.name, self.last_error)
             finally:
                 self._client = None
                 self._ready.clear()
             if not self._stop.is_set():
                 self.restarts += 1
                 await _first(self._stop.wait(), self._backoff.wait())
+
+    def _why(self, exc: BaseException) -> str:
+        """What went wrong, and for a command that is not there, what to do about it."""
+        command = self.config.command
+        missing = _find(exc, FileNotFoundError)
+        if (
+            command is not None
+            and missing is not None
+            and missing.filename in (None, command)
+            and shutil.which(command, path=self.config.env.get("PATH")) is None
+        ):
+            where = "does not exist" if os.sep in command else "is not on PATH"
+            config = str(self.config_file) if self.config_file else "FERRYMAN_MCP_SERVERS"
+            return (
+                f"its command {command!r} {where}: install it, or fix `command` of server"
+                f" {self.name!r} in {config}"
+            )
+        return _describe(exc)
 
     def _transport(self) -> AbstractAsyncContextManager[Any]:
         from mcp import StdioServerParameters
@@ -340,6 +373,18 @@ async def _first(*waits: Any) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _find(exc: BaseException, kind: type[_E]) -> _E | None:
+    """`exc`, or the first exception of `kind` inside it (an exception group)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 def _describe(exc: BaseException) -> str:

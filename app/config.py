@@ -68,15 +68,7 @@ class Settings(BaseSettings):
     # Runner (used by the worker).
     heartbeat_interval: float = 2.0
     lease_ttl: float = 10.0
-    max_attempts: int = Field(
-        default=5,
-        ge=1,
-        description="How many runs in a row may end without finishing (each then taken over"
-        " after a crash, a lost lease or a shutdown) before the claim that would take the session"
-        " over once more fails it with MAX_ATTEMPTS_EXCEEDED. A run that finishes (session_end:"
-        " succeeded, waiting, failed, cancelled) starts the count again, so follow-ups and"
-        " approvals never use it up. The Session's `resumes` counts every takeover of its life.",
-    )
+    max_attempts: int = Field(default=5, ge=1)  # runs in a row that end unfinished
     worker_concurrency: int = 2
     claim_batch: int = Field(default=8, ge=1)
     claim_interval: float = 1.0

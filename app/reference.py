@@ -62,7 +62,11 @@ SETTINGS: dict[str, str] = {
     " a server that stopped under a running process is started again.",
     "heartbeat_interval": "Seconds between a worker's lease renewals.",
     "lease_ttl": "Seconds after which a lease not renewed can be taken over.",
-    "max_attempts": "Claims of one session before it fails with `MAX_ATTEMPTS_EXCEEDED`.",
+    "max_attempts": "How many runs in a row may end without finishing (each then taken over after"
+    " a crash, a lost lease or a shutdown) before the claim that would take the session over once"
+    " more fails it with `MAX_ATTEMPTS_EXCEEDED`. A run that finishes (`session_end`: succeeded,"
+    " waiting, failed, cancelled) starts the count again, so follow-ups and approvals never use"
+    " it up. The Session's `resumes` counts every takeover of its life; `attempt` counts runs.",
     "worker_concurrency": "Sessions one worker drives at once (also `ferryman worker"
     " --concurrency`).",
     "claim_batch": "Most sessions one claim statement takes when that many slots are free.",

@@ -92,6 +92,19 @@ class SessionEventType(StrEnum):
     SESSION_END = "session_end"
 
 
+class SessionErrorCode(StrEnum):
+    """`error.code` of a failed session (its `session_end` and the Session's `error`)."""
+
+    MAX_ATTEMPTS_EXCEEDED = "MAX_ATTEMPTS_EXCEEDED"  # its runs kept ending unfinished
+    MODEL_BAD_REQUEST = "MODEL_BAD_REQUEST"
+    MODEL_AUTH_FAILED = "MODEL_AUTH_FAILED"
+    MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
+    MODEL_CONTEXT_TOO_LONG = "MODEL_CONTEXT_TOO_LONG"
+    MODEL_REFUSED = "MODEL_REFUSED"  # a content filter or the model's own refusal
+    MODEL_ERROR = "MODEL_ERROR"  # a model plug-in failed in a way it did not classify
+    MODEL_UNAVAILABLE = "MODEL_UNAVAILABLE"  # retryable faults outlasted the retries
+
+
 def rfc3339(value: datetime | None) -> str | None:
     """RFC 3339 in UTC with millisecond precision and a `Z` suffix."""
     if value is None:

@@ -94,10 +94,6 @@ class InvalidApiKey(FerrymanError):
     status, code, title = 401, ProblemCode.INVALID_API_KEY, "Unauthorized"
 
 
-class PayloadTooLarge(FerrymanError):
-    status, code, title = 413, ProblemCode.PAYLOAD_TOO_LARGE, "Payload Too Large"
-
-
 class TooManyStreams(FerrymanError):
     status, code, title = 429, ProblemCode.TOO_MANY_STREAMS, "Too Many Requests"
 
@@ -107,10 +103,6 @@ class TooManyStreams(FerrymanError):
             " (FERRYMAN_MAX_STREAMS_PER_OWNER); close one, then retry",
             limit=limit,
         )
-
-
-class DatabaseUnavailable(FerrymanError):
-    status, code, title = 503, ProblemCode.DATABASE_UNAVAILABLE, "Service Unavailable"
 
 
 class FenceRefused(Exception):

@@ -24,6 +24,7 @@ from pydantic_core import PydanticUndefined
 from app import config, domain, generated
 from app.agent.tools import builtin
 from app.api import problems, schemas
+from app.domain import SessionErrorCode
 from app.errors import FerrymanError, ProblemCode
 from app.streams import frames
 
@@ -210,6 +211,21 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         "PostgreSQL cannot be reached, or gave no connection or lock in time; with `Retry-After`.",
     ),
     ProblemCode.NOT_READY: (503, "`/readyz`: `checks.database` says `busy` or `unavailable`."),
+}
+
+
+SESSION_ERROR_CODES: dict[SessionErrorCode, str] = {
+    SessionErrorCode.MAX_ATTEMPTS_EXCEEDED: "`FERRYMAN_MAX_ATTEMPTS` runs in a row ended without"
+    " finishing (each taken over after a crash, a lost lease or a shutdown); the model is not"
+    " called again.",
+    SessionErrorCode.MODEL_BAD_REQUEST: "The provider answered 400 or 422.",
+    SessionErrorCode.MODEL_AUTH_FAILED: "401 or 403: a missing or wrong key.",
+    SessionErrorCode.MODEL_NOT_FOUND: "404, or a model name no provider serves.",
+    SessionErrorCode.MODEL_CONTEXT_TOO_LONG: "The conversation no longer fits the model's context.",
+    SessionErrorCode.MODEL_REFUSED: "A content filter or the model itself refused the turn.",
+    SessionErrorCode.MODEL_ERROR: "A model plug-in failed in a way it did not classify.",
+    SessionErrorCode.MODEL_UNAVAILABLE: "Retryable faults (429, 5xx, dropped or stalled streams)"
+    " outlasted `FERRYMAN_MODEL_MAX_RETRIES`.",
 }
 
 
@@ -414,6 +430,13 @@ def error_codes() -> tuple[str, list[str]]:
     return _table(("code", "status", "meaning"), rows), problems_found
 
 
+def session_error_codes() -> str:
+    rows = [
+        (f"`{c}`", SESSION_ERROR_CODES[c]) for c in SessionErrorCode if c in SESSION_ERROR_CODES
+    ]
+    return _table(("code", "meaning"), rows)
+
+
 def render() -> str:
     """The reference page; MissingReference if a name of the code has no meaning here."""
     limits_table, limits = named_limits()
@@ -423,6 +446,11 @@ def render() -> str:
         + _check_names("limit", set(limits), set(NAMED_LIMITS))
         + _check_names(
             "problem code", {str(c) for c in ProblemCode}, {str(c) for c in PROBLEM_CODES}
+        )
+        + _check_names(
+            "session error code",
+            {str(c) for c in SessionErrorCode},
+            {str(c) for c in SESSION_ERROR_CODES},
         )
         + inconsistent
     )
@@ -464,10 +492,16 @@ the field.
 ## Error codes
 
 Every error answers `application/problem+json` (RFC 9457) with one of these stable `code`s (the
-`Problem.code` enum of [openapi.json](openapi.json)). A failed session's own `error.code` (on
-the Session, `session_status` and `session_end`) is another list: see [models.md](models.md).
+`Problem.code` enum of [openapi.json](openapi.json)).
 
 {codes_table}
+
+### A failed session's `error.code`
+
+On the Session's `error`, `session_status` and `session_end` ([models.md](models.md) tells
+how the model faults are retried first).
+
+{session_error_codes()}
 """
 
 

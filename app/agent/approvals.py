@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.agent.conversation import AssistantMessage, Message, ToolCall, ToolResult, UserMessage
+from app.domain import SessionEventType
 
 SUPERSEDED_REASON = "the user sent a message instead of deciding"
 
@@ -40,10 +41,10 @@ def record_approval_event(
     approvals: dict[str, Approval], type_: str, data: Mapping[str, Any]
 ) -> None:
     """Fold one event into `approvals` (events of other types change nothing)."""
-    if type_ == "tool_approval_requested":
+    if type_ == SessionEventType.TOOL_APPROVAL_REQUESTED:
         call_id = str(data["toolCallId"])
         approvals.setdefault(call_id, Approval(call_id))
-    elif type_ == "tool_approval_decided":
+    elif type_ == SessionEventType.TOOL_APPROVAL_DECIDED:
         call_id = str(data["toolCallId"])
         if approvals.get(call_id, Approval(call_id)).approved is None:  # the first one counts
             approvals[call_id] = Approval(call_id, bool(data["approved"]), data.get("reason"))

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from app.domain import SessionEventType
+
 StopReason = Literal["stop", "tool_use", "length", "error", "aborted"]
 INTERRUPTED_STOPS: frozenset[str] = frozenset({"aborted", "length", "error"})
 
@@ -122,9 +124,9 @@ Message = UserMessage | AssistantMessage | ToolResult
 
 def message_from_event(type_: str, data: Mapping[str, Any], seq: int = 0) -> Message | None:
     """The message an event contributes to the conversation, if any."""
-    if type_ == "user_message":
+    if type_ == SessionEventType.USER_MESSAGE:
         return UserMessage(text=str(data.get("text", "")), seq=seq)
-    if type_ == "assistant_message":
+    if type_ == SessionEventType.ASSISTANT_MESSAGE:
         calls = tuple(
             ToolCall(
                 str(c["id"]),
@@ -140,7 +142,7 @@ def message_from_event(type_: str, data: Mapping[str, Any], seq: int = 0) -> Mes
             stop_reason=data.get("stopReason", "stop"),
             seq=seq,
         )
-    if type_ == "tool_result":
+    if type_ == SessionEventType.TOOL_RESULT:
         return ToolResult(
             tool_call_id=str(data["toolCallId"]),
             name=str(data.get("name", "")),

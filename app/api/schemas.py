@@ -21,6 +21,7 @@ from app.domain import (
     MAX_TOOLS,
     MODEL_NAME_PATTERN,
     TOOL_NAME_PATTERN,
+    SessionErrorCode,
     Status,
 )
 from app.errors import ProblemCode
@@ -275,9 +276,7 @@ class SessionError(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    code: str = Field(
-        description="MODEL_UNAVAILABLE, MODEL_BAD_REQUEST, MAX_ATTEMPTS_EXCEEDED, ..."
-    )
+    code: str = Field(description=f"One of {', '.join(SessionErrorCode)} (docs/reference.md).")
     message: str
 
 

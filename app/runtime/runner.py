@@ -35,11 +35,10 @@ from app.agent.models import (
     Providers,
     RetryPolicy,
 )
-from app.agent.models.base import FAULT_CODES, UNAVAILABLE_CODE
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
 from app.db.pool import Database
-from app.domain import OwnerEventType, SessionEventType, Status
+from app.domain import OwnerEventType, SessionErrorCode, SessionEventType, Status
 from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
 from app.runtime.writes import RunWrites
@@ -236,7 +235,7 @@ class Run:
             messages.extend(conversation_from_events(rows))
             for row in rows:
                 record_approval_event(self.approvals, row["type"], row["data"])
-                if row["type"] == "tool_call_start":
+                if row["type"] == SessionEventType.TOOL_CALL_START:
                     started.add(str(row["data"]["toolCallId"]))
                 if row["type"] in _RUN_EVENTS:
                     last_run_event = row
@@ -255,7 +254,7 @@ class Run:
         # The run's start goes with its first write (before the model is first asked), unless
         # the claim logged it (a session's first).
         for repaired in plan.repairs:
-            self.defer("tool_result", repaired.wire())
+            self.defer(SessionEventType.TOOL_RESULT, repaired.wire())
         run_info = {
             "workerId": self.ctx.worker_id,
             "pid": self.ctx.pid,
@@ -333,7 +332,7 @@ class Run:
             self.count_tokens(reply.usage)
             self.conversation.append(reply)
             if reply.stop_reason == "error":
-                error = {"code": FAULT_CODES["internal"], "message": reply.text}
+                error = {"code": SessionErrorCode.MODEL_ERROR, "message": reply.text}
                 await self.finish(Status.FAILED, error=error)
                 return
             if reply.tool_calls:
@@ -353,7 +352,7 @@ class Run:
                 return
 
     def log_reply(self, reply: AssistantMessage, delivered: int) -> None:
-        self.defer("assistant_message", reply.wire())
+        self.defer(SessionEventType.ASSISTANT_MESSAGE, reply.wire())
         self.pending.deliver(delivered)
         if reply.usage is not None:
             usage = reply.usage
@@ -373,7 +372,7 @@ class Run:
             result = await self.call_tool(call, tool)
             self.conversation.append(result)
             if tool is not None and tool.ends_turn and not result.is_error:
-                self.defer("user_question", _question(call.arguments))
+                self.defer(SessionEventType.USER_QUESTION, _question(call.arguments))
                 asked = True
         return asked
 
@@ -382,7 +381,7 @@ class Run:
         answer the denied ones; True when the run ended (to wait for a person)."""
         settlement = settle(self.conversation, self.awaiting, self.approvals)
         for result in settlement.denied:
-            self.defer("tool_result", result.wire())
+            self.defer(SessionEventType.TOOL_RESULT, result.wire())
             self.conversation.append(result)
         asked = await self.run_calls(settlement.run)
         self.awaiting = list(settlement.pending)
@@ -399,7 +398,7 @@ class Run:
         for call in self.awaiting:
             if call.id not in self.approvals:
                 request = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
-                self.defer("tool_approval_requested", request)
+                self.defer(SessionEventType.TOOL_APPROVAL_REQUESTED, request)
                 self.approvals[call.id] = Approval(call.id)
         # Everything read so far is taken: the decisions, and no message (one would have
         # denied what is pending).
@@ -415,7 +414,7 @@ class Run:
             rows = await event_store.read_session_events(conn, self.session_id, self.read_seq, 1000)
         for row in rows:
             message = message_from_event(row["type"], row["data"], int(row["seq"]))
-            if row["type"] == "user_message" and message is not None:
+            if row["type"] == SessionEventType.USER_MESSAGE and message is not None:
                 self.conversation.append(message)
             record_approval_event(self.approvals, row["type"], row["data"])
             self.read_seq = max(self.read_seq, int(row["seq"]))
@@ -444,7 +443,7 @@ class Run:
                     "reason": fault.kind,
                     "message": fault.message,
                 }
-                await self.append("model_retry", retry_event)
+                await self.append(SessionEventType.MODEL_RETRY, retry_event)
                 await self.interruptible(asyncio.sleep(delay))
         raise AssertionError("unreachable")
 
@@ -462,7 +461,7 @@ class Run:
             if aborted.reason == "cancelled":
                 # Keep what the user already saw, marked aborted (resume planning drops it).
                 partial = AssistantMessage("".join(streamed), (), "aborted")
-                await self.append("assistant_message", partial.wire())
+                await self.append(SessionEventType.ASSISTANT_MESSAGE, partial.wire())
             raise
         except ModelFault:
             raise
@@ -486,7 +485,7 @@ class Run:
         code = fault.code
         message = fault.message
         if fault.retryable:
-            code = UNAVAILABLE_CODE
+            code = SessionErrorCode.MODEL_UNAVAILABLE
             message = f"{message} (gave up after {self.ctx.retry.max_retries} retries)"
         self.pending.deliver(delivered)
         await self.finish(Status.FAILED, error={"code": code, "message": message})
@@ -503,7 +502,7 @@ class Run:
         self.check()
         stage = f"tool:{call.name}"
         start = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
-        self.defer("tool_call_start", start)
+        self.defer(SessionEventType.TOOL_CALL_START, start)
         self.pending.set_stage(stage)
         self.pending.announce(OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage})
         await self.flush()  # durable before the tool runs
@@ -512,10 +511,11 @@ class Run:
         except RunAborted as aborted:
             if aborted.reason == "cancelled":
                 cancelled = ToolResult(call.id, call.name, "cancelled by the user", True, True)
-                self.defer("tool_result", cancelled.wire())  # with the run's end
+                self.defer(SessionEventType.TOOL_RESULT, cancelled.wire())  # with the run's end
             raise
-        self.defer("tool_result", result.wire())  # with the next tool's start, or before the
-        return result  # next model call
+        # Written with the next tool's start, or before the next model call.
+        self.defer(SessionEventType.TOOL_RESULT, result.wire())
+        return result
 
     def interrupted_side_effects(self, plan: ResumePlan) -> set[tuple[str, str]]:
         repaired = set(plan.repaired_tool_calls)
@@ -615,15 +615,15 @@ def _call_key(call: ToolCall) -> tuple[str, str]:
 # Events only a run writes: the last of them tells whether the previous run closed.
 _RUN_EVENTS = frozenset(
     {
-        "session_start",
-        "session_resumed",
-        "assistant_message",
-        "session_end",
-        "session_interrupted",
-        "tool_call_start",
-        "tool_result",
-        "model_retry",
-        "user_question",
+        SessionEventType.SESSION_START,
+        SessionEventType.SESSION_RESUMED,
+        SessionEventType.ASSISTANT_MESSAGE,
+        SessionEventType.SESSION_END,
+        SessionEventType.SESSION_INTERRUPTED,
+        SessionEventType.TOOL_CALL_START,
+        SessionEventType.TOOL_RESULT,
+        SessionEventType.MODEL_RETRY,
+        SessionEventType.USER_QUESTION,
     }
 )
 
@@ -651,9 +651,12 @@ def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "shutdown", "f
     session); `shutdown` when its worker handed it over (`session_interrupted {shutdown}`);
     `crash` when it stopped without either."""
     for row in reversed(rows):
-        if row["type"] == "session_end":
+        if row["type"] == SessionEventType.SESSION_END:
             return "follow_up"
-        if row["type"] == "session_interrupted" and row["data"].get("reason") == "shutdown":
+        if (
+            row["type"] == SessionEventType.SESSION_INTERRUPTED
+            and row["data"].get("reason") == "shutdown"
+        ):
             return "shutdown"
         if row["type"] in _RUN_EVENTS:
             return "crash"

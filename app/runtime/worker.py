@@ -19,7 +19,7 @@ from app.backoff import Outage
 from app.bus import Bus
 from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Connection, Database
-from app.domain import Status
+from app.domain import SessionErrorCode, Status
 from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
@@ -34,8 +34,6 @@ from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key, inbox_key
 from app.store.run_writes import Batch
 
 log = logging.getLogger(__name__)
-
-MAX_ATTEMPTS_CODE = "MAX_ATTEMPTS_EXCEEDED"
 
 
 def provider_config(settings: Settings) -> ProviderConfig:
@@ -293,7 +291,7 @@ class Worker:
         if unfinished >= self.settings.max_attempts:
             status = Status.FAILED
             error: dict[str, Any] | None = {
-                "code": MAX_ATTEMPTS_CODE,
+                "code": SessionErrorCode.MAX_ATTEMPTS_EXCEEDED,
                 "message": f"its last {unfinished} runs ended without finishing (a crash, a lost"
                 f" lease or a shutdown each time; FERRYMAN_MAX_ATTEMPTS="
                 f"{self.settings.max_attempts})",

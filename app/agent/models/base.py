@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from app.agent.conversation import AssistantMessage, Message
+from app.domain import SessionErrorCode
 
 DeltaSink = Callable[[str], Awaitable[None]]
 
@@ -72,16 +73,14 @@ FaultKind = RetryableFault | FatalFault
 RETRYABLE_FAULTS: frozenset[str] = frozenset(
     {"rate_limited", "server_error", "connection_error", "idle_timeout", "truncated"}
 )
-FAULT_CODES: dict[str, str] = {
-    "bad_request": "MODEL_BAD_REQUEST",
-    "auth_failed": "MODEL_AUTH_FAILED",
-    "not_found": "MODEL_NOT_FOUND",
-    "context_too_long": "MODEL_CONTEXT_TOO_LONG",
-    "refused": "MODEL_REFUSED",  # a content filter or the model's own refusal
-    "internal": "MODEL_ERROR",  # a model plug-in failed in a way it did not classify
+FAULT_CODES: dict[str, SessionErrorCode] = {
+    "bad_request": SessionErrorCode.MODEL_BAD_REQUEST,
+    "auth_failed": SessionErrorCode.MODEL_AUTH_FAILED,
+    "not_found": SessionErrorCode.MODEL_NOT_FOUND,
+    "context_too_long": SessionErrorCode.MODEL_CONTEXT_TOO_LONG,
+    "refused": SessionErrorCode.MODEL_REFUSED,
+    "internal": SessionErrorCode.MODEL_ERROR,
 }
-# The code of a session whose retryable faults outlasted its retries.
-UNAVAILABLE_CODE = "MODEL_UNAVAILABLE"
 
 
 class ModelFault(Exception):
@@ -108,8 +107,8 @@ class ModelFault(Exception):
         return self.kind in RETRYABLE_FAULTS
 
     @property
-    def code(self) -> str:
-        return FAULT_CODES.get(self.kind, UNAVAILABLE_CODE)
+    def code(self) -> SessionErrorCode:
+        return FAULT_CODES.get(self.kind, SessionErrorCode.MODEL_UNAVAILABLE)
 
 
 class Model(Protocol):

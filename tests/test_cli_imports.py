@@ -1,7 +1,7 @@
 """`ferryman` starts fast because each command imports only what it needs when it runs: the help
 and the client commands never load the server (FastAPI, uvicorn, SQLAlchemy, Alembic, psycopg,
 app.api, app.runtime, ...) nor pydantic. Checked on the modules a real process has loaded, not on
-a clock, so a loaded machine cannot make it flake; the README ("From the command line") has the
+a clock, so a loaded machine cannot make it flake; docs/clients.md ("The command line") has the
 times this buys."""
 
 from __future__ import annotations

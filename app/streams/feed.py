@@ -201,16 +201,34 @@ class Feed:
         the number of the last one given."""
         return self.ephemeral.after(seen, self.write_bytes)
 
-    def take(self, follower: Follower, events: list[Event]) -> list[bytes] | None:
+    def take(self, follower: Follower, events: list[Event] | None = None) -> list[bytes] | None:
         """What a live stream sends next, and its place moved past it: the one rule of live
         delivery, whether the stream's own loop sends the frames or the feed writes them
-        straight to its connection (`_push`). `events` are what follows its cursor (`since`, or
-        the log when the buffer no longer reaches back); the feed's token deltas go in among
-        them, each right after the event it follows, and one of a turn already settled is
-        dropped (`in_order`); one whose event is not among `events` is held for a later call.
-        None, moving nothing, when `events` do not follow the cursor: retention removed events
-        the stream has not sent, and it must tell the client to resync."""
-        if events and events[0].id != follower.cursor + 1:
+        straight to its connection (`_push`). The events after its cursor come from the feed's
+        memory, or are `events` (read from the log when that no longer reaches back); the
+        feed's token deltas go in among them, each right after the event it follows, and one
+        of a turn already settled is dropped (`in_order`); one whose event is not among them
+        is held for a later call. None, moving nothing, when the feed's memory no longer
+        reaches back to the cursor, or when `events` do not follow it (retention removed
+        events the stream has not sent: it must tell the client to resync)."""
+        if events is None:
+            if (
+                follower.cursor + 1 == self.head
+                and follower.ephemeral_seen == self.ephemeral_count
+                and not follower.held
+                and self.buffer.items
+            ):
+                # The common case, for every stream of a feed at every event: the newest one
+                # alone (as below, without the general path's lists).
+                newest = self.buffer.items[-1][1]
+                follower.cursor = newest.id
+                if newest.type in TURN_ENDS:
+                    follower.settled = newest.id
+                return [newest.live]
+            events = self.since(follower.cursor)
+            if events is None:
+                return None
+        elif events and events[0].id != follower.cursor + 1:
             return None
         # Each call takes a write's worth of deltas and of events (or one event bigger than
         # that), and the next only once these went: a stream that cannot send holds no more.
@@ -224,12 +242,7 @@ class Feed:
             return frames
         if not events:
             return []
-        last = events[-1]
-        follower.cursor = last.id
-        if len(events) == 1:  # the common case, for every stream of a feed at every event
-            if last.type in TURN_ENDS:
-                follower.settled = last.id
-            return [last.live]
+        follower.cursor = events[-1].id
         follower.settled = settled_by(events, follower.settled)
         return [event.live for event in events]
 
@@ -282,8 +295,7 @@ class Feed:
         read the log, to resync, or at the feed's close."""
         if follower.write is None or self.closed:
             return False
-        events = self.since(follower.cursor)
-        frames = None if events is None else self.take(follower, events)
+        frames = self.take(follower)
         if frames is None:
             return False
         if frames:

@@ -149,19 +149,21 @@ async def event_stream(
                 if follower.unsent:  # taken while parked, and no direct write could send it
                     frames, follower.unsent = follower.unsent, []
                 else:
-                    try:
-                        # From the feed's memory without a coroutine when it can (the common
-                        # case: every stream of a feed runs this at every event).
-                        live = feed.since(follower.cursor)
-                        events = live if live is not None else await feed.read(follower.cursor)
-                    except UNAVAILABLE_ERRORS:
-                        # The database is away: keep the connection, keep pinging, read again.
-                        events = []
-                        await asyncio.sleep(min(options.ping_interval, 1.0))
-                    taken = feed.take(follower, events)
+                    # From the feed's memory without a coroutine when it can (the common case:
+                    # every stream of a feed runs this at every event), else from the log.
+                    taken = feed.take(follower)
                     if taken is None:
-                        yield _expired(follower.cursor, feed.head)
-                        return
+                        try:
+                            events = await feed.read(follower.cursor)
+                        except UNAVAILABLE_ERRORS:
+                            # The database is away: keep the connection, keep pinging, read
+                            # again.
+                            events = []
+                            await asyncio.sleep(min(options.ping_interval, 1.0))
+                        taken = feed.take(follower, events)
+                        if taken is None:
+                            yield _expired(follower.cursor, feed.head)
+                            return
                     frames = taken
                 if frames:
                     if len(frames) == 1:

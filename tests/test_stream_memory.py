@@ -24,11 +24,12 @@ from psycopg.rows import dict_row
 from starlette.types import Message
 
 from app.api.streams import EventStreamResponse
+from app.bus import Bus
 from app.db.pool import Database
 from app.store.events import append_owner_event, append_session_event, read_owner_pages
-from app.store.notify import ephemeral_body, json_string
+from app.store.notify import STREAMS_CHANNEL, ephemeral_body, json_string, owner_key
 from app.store.sessions import NewSession, create_session
-from app.streams.feed import Feed, FeedSource, Follower, Page, Tail
+from app.streams.feed import Feed, FeedHub, FeedSource, Follower, Page, Tail
 from app.streams.frames import Event, ephemeral_frame, owner_event, writes
 from tests.support import ServerProcess, create_owner_key, running
 
@@ -208,6 +209,26 @@ async def test_feed_hands_out_a_write_at_a_time_and_evicts_by_bytes() -> None:
     assert feed.ephemeral.bytes <= WRITE_BYTES and seen == 50
     feed.close()
     assert feed.buffer.bytes == 0 and feed.ephemeral.bytes == 0
+
+
+async def _empty_head() -> tuple[int, bool]:
+    return 0, False
+
+
+async def _empty_read(after: int, max_bytes: int) -> Page:
+    return Page([], False)
+
+
+@pytest.mark.parametrize("shortcuts", [True, False])
+async def test_the_heap_is_trimmed_after_feeds_go_only_with_the_shortcuts(shortcuts: bool) -> None:
+    hub = FeedHub(Bus("postgresql://unused.invalid/none", [STREAMS_CHANNEL]), shortcuts=shortcuts)
+    async with hub.attach(FeedSource(owner_key("trim"), _empty_head, _empty_read)):
+        pass
+    assert not hub.feeds
+    # The trim is due a second after the last feed went (on glibc, which the tests run on).
+    assert (hub._trim is not None) == shortcuts
+    if hub._trim is not None:
+        hub._trim.cancel()
 
 
 # --- the response ---------------------------------------------------------------------------

@@ -269,7 +269,7 @@ def test_a_parked_stream_gets_the_bytes_its_own_loop_sends(steps: list[tuple[str
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["shortcuts", "no-shortcuts"])
-def uvicorn_server(request: pytest.FixtureRequest, database_url: str) -> Iterator[ServerProcess]:
+def server(request: pytest.FixtureRequest, database_url: str) -> Iterator[ServerProcess]:
     """A server with FERRYMAN_STREAM_SHORTCUTS on, as shipped, and one with it off."""
     env = {"FERRYMAN_STREAM_SHORTCUTS": str(request.param).lower()}
     with running(ServerProcess(database_url, env=env)) as proc:
@@ -277,7 +277,7 @@ def uvicorn_server(request: pytest.FixtureRequest, database_url: str) -> Iterato
 
 
 async def test_streams_on_uvicorn_take_the_direct_path_unless_told_not_to(
-    uvicorn_server: ServerProcess, owner_key: tuple[str, str], database_url: str
+    server: ServerProcess, owner_key: tuple[str, str], database_url: str
 ) -> None:
     """Events committed while an owner stream follows arrive once, in order, whole; and the
     server wrote them directly with the shortcuts on, never with them off (its metric says
@@ -286,7 +286,7 @@ async def test_streams_on_uvicorn_take_the_direct_path_unless_told_not_to(
     owner, key = owner_key
     stages = [f"stage {n}" for n in range(30)]
     async with (
-        client(uvicorn_server.url, key) as http,
+        client(server.url, key) as http,
         sse(http, "/api/agent/owner-events") as events,
         await psycopg.AsyncConnection.connect(
             database_url, autocommit=True, row_factory=dict_row
@@ -305,7 +305,7 @@ async def test_streams_on_uvicorn_take_the_direct_path_unless_told_not_to(
     written = [line for line in metrics.splitlines() if line.startswith(DIRECT_METRIC)]
     assert written, metrics[-3000:]
     direct = float(written[0].split()[-1])
-    if uvicorn_server.env["FERRYMAN_STREAM_SHORTCUTS"] == "true":
+    if server.env["FERRYMAN_STREAM_SHORTCUTS"] == "true":
         assert direct >= 1, metrics[-3000:]
     else:
         assert direct == 0, metrics[-3000:]

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # feed keeps at most this many bytes of recent events in memory.
     stream_write_bytes: int = Field(default=65_536, ge=1024)
     feed_buffer_bytes: int = Field(default=16 * 1_048_576, ge=65_536)
+    # A feed writes new events straight to uvicorn's transport for the streams parked at its
+    # tail, and glibc's malloc_trim runs after feeds close (app/streams/shortcuts.py). Off:
+    # every frame goes through ASGI `send`, and nothing calls malloc_trim.
+    stream_shortcuts: bool = True
 
     # Limits.
     max_body_bytes: int = 1_048_576

@@ -132,6 +132,7 @@ class Services:
             buffer_bytes=settings.feed_buffer_bytes,
             write_bytes=settings.stream_write_bytes,
             poll_interval=settings.poll_interval,
+            shortcuts=settings.stream_shortcuts,
         )
         slots = StreamSlots(settings.max_streams_per_owner)
         return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots)

@@ -1,4 +1,4 @@
-"""Reads and events bounded in bytes (issue 9): a transcript page stops at a byte budget and says
+"""Reads and events bounded in bytes: a transcript page stops at a byte budget and says
 where to go on, the runner reads the log in such pages, and one event cannot carry more than
 FERRYMAN_MAX_EVENT_BYTES of model text or tool output (cut with a visible marker)."""
 

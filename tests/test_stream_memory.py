@@ -1,4 +1,4 @@
-"""What a stream may hold in memory, whatever its client does (issue 9): writes of at most
+"""What a stream may hold in memory, whatever its client does: writes of at most
 FERRYMAN_STREAM_WRITE_BYTES (or one event), UTF-8 frames, feed buffers sized in bytes, byte-bounded
 reads of the log, and a client that never reads and then leaves costs the server nothing that
 stays. Pure pieces first, then a real server under uvicorn."""
@@ -24,11 +24,12 @@ from psycopg.rows import dict_row
 from starlette.types import Message
 
 from app.api.streams import EventStreamResponse
+from app.bus import Bus
 from app.db.pool import Database
 from app.store.events import append_owner_event, append_session_event, read_owner_pages
-from app.store.notify import ephemeral_body, json_string
+from app.store.notify import STREAMS_CHANNEL, ephemeral_body, json_string, owner_key
 from app.store.sessions import NewSession, create_session
-from app.streams.feed import Feed, FeedSource, Page, Tail
+from app.streams.feed import Feed, FeedHub, FeedSource, Follower, Page, Tail
 from app.streams.frames import Event, ephemeral_frame, owner_event, writes
 from tests.support import ServerProcess, create_owner_key, running
 
@@ -158,18 +159,21 @@ async def _no_read(after: int, max_bytes: int) -> Page:
     raise AssertionError("not read")
 
 
-async def test_feed_wait_wakes_every_waiter_once_and_skips_a_cancelled_one() -> None:
+async def test_feed_park_wakes_every_stream_once_and_skips_a_cancelled_one() -> None:
+    """Streams without a direct write (another server, or the stream shortcuts off) park all
+    the same, and every change wakes them."""
     feed = Feed(FeedSource("test", _no_head, _no_read), buffer_bytes=65_536, write_bytes=1024)
     seen = feed.generation
-    waiters = [asyncio.create_task(feed.wait(seen)) for _ in range(3)]
+    followers = [Follower(None, 0, 0, 0) for _ in range(3)]
+    parked = [asyncio.create_task(feed.park(follower, seen)) for follower in followers]
     await asyncio.sleep(0)
-    waiters[0].cancel()  # a stream that left while waiting
+    parked[0].cancel()  # a stream that left while parked
     await asyncio.sleep(0)
     feed._announce()
-    await asyncio.wait_for(asyncio.gather(*waiters[1:]), 1)
-    assert waiters[0].cancelled() and not feed._waiters
-    # A change between the check and the wait is not missed: it returns at once.
-    await asyncio.wait_for(feed.wait(seen), 1)
+    await asyncio.wait_for(asyncio.gather(*parked[1:]), 1)
+    assert parked[0].cancelled() and not feed.followers
+    # A change between the check and the park is not missed: it returns at once.
+    await asyncio.wait_for(feed.park(followers[1], seen), 1)
 
 
 def test_tail_after_takes_the_newest_one_alone_or_the_run_from_older() -> None:
@@ -205,6 +209,26 @@ async def test_feed_hands_out_a_write_at_a_time_and_evicts_by_bytes() -> None:
     assert feed.ephemeral.bytes <= WRITE_BYTES and seen == 50
     feed.close()
     assert feed.buffer.bytes == 0 and feed.ephemeral.bytes == 0
+
+
+async def _empty_head() -> tuple[int, bool]:
+    return 0, False
+
+
+async def _empty_read(after: int, max_bytes: int) -> Page:
+    return Page([], False)
+
+
+@pytest.mark.parametrize("shortcuts", [True, False])
+async def test_the_heap_is_trimmed_after_feeds_go_only_with_the_shortcuts(shortcuts: bool) -> None:
+    hub = FeedHub(Bus("postgresql://unused.invalid/none", [STREAMS_CHANNEL]), shortcuts=shortcuts)
+    async with hub.attach(FeedSource(owner_key("trim"), _empty_head, _empty_read)):
+        pass
+    assert not hub.feeds
+    # The trim is due a second after the last feed went (on glibc, which the tests run on).
+    assert (hub._trim is not None) == shortcuts
+    if hub._trim is not None:
+        hub._trim.cancel()
 
 
 # --- the response ---------------------------------------------------------------------------
@@ -290,9 +314,14 @@ async def test_owner_pages_stop_at_the_byte_bound(db: Database, owner_key: tuple
 # --- a real server --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def small_writes(isolated_db: str) -> Iterator[ServerProcess]:
-    env = {"FERRYMAN_STREAM_WRITE_BYTES": str(WRITE_BYTES), "FERRYMAN_FEED_BUFFER_BYTES": "65536"}
+@pytest.fixture(scope="module", params=[True, False], ids=["shortcuts", "no-shortcuts"])
+def small_writes(request: pytest.FixtureRequest, isolated_db: str) -> Iterator[ServerProcess]:
+    """A server with small writes, with FERRYMAN_STREAM_SHORTCUTS on (as shipped) and off."""
+    env = {
+        "FERRYMAN_STREAM_WRITE_BYTES": str(WRITE_BYTES),
+        "FERRYMAN_FEED_BUFFER_BYTES": "65536",
+        "FERRYMAN_STREAM_SHORTCUTS": str(request.param).lower(),
+    }
     with running(ServerProcess(isolated_db, env=env)) as proc:
         yield proc
 
@@ -441,9 +470,7 @@ async def test_a_client_that_never_reads_then_leaves_costs_nothing_that_stays(
     small_writes: ServerProcess, isolated_db: str
 ) -> None:
     """40 messages of 100,000 emoji (16 MB of log) replayed to a socket that never reads: the
-    server holds a write or two of it, not the log, and gives it back once the client leaves.
-    (Before issue 9 it built the whole replay as one 48 MB write, and more when it noticed the
-    disconnect.)"""
+    server holds a write or two of it, not the log, and gives it back once the client leaves."""
     owner, key = create_owner_key(isolated_db)
     sid = await new_session_with(isolated_db, owner, [EMOJI * 100_000] * 40)
     pid, port = small_writes.pid, small_writes.port

@@ -1,6 +1,7 @@
 """The SSE streams of SPEC section 4, end to end against real servers and a real PostgreSQL:
 gap-free cursors under concurrent writers, snapshot-then-stream, resume, resync, the wire
-format, delivery across processes, deletion and graceful shutdown.
+format, delivery across processes, deletion and graceful shutdown; each with the stream
+shortcuts (app/streams/shortcuts.py) on and off.
 
 Streams are read with a small raw parser (not tests.support.sse) so that a test can tell a
 frame that carries `id:` (durable) from one that does not (control), which a spec-following
@@ -307,11 +308,25 @@ def _retire_sessions(owner_key: tuple[str, str], database_url: str) -> Iterator[
         )
 
 
+@pytest.fixture(scope="module", params=[True, False], ids=["shortcuts", "no-shortcuts"])
+def shortcuts(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Every server of this module runs with FERRYMAN_STREAM_SHORTCUTS on (as shipped: direct
+    writes to uvicorn's transport, malloc_trim), then off, and each guarantee is checked both
+    ways."""
+    return {"FERRYMAN_STREAM_SHORTCUTS": str(request.param).lower()}
+
+
 @pytest.fixture(scope="module")
-def other_server(database_url: str) -> Iterator[ServerProcess]:
+def server(database_url: str, shortcuts: dict[str, str]) -> Iterator[ServerProcess]:
+    with running(ServerProcess(database_url, env=shortcuts)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def other_server(database_url: str, shortcuts: dict[str, str]) -> Iterator[ServerProcess]:
     """A second API process on the same database. Its fallback poll is 30 s and its pings come
     every 0.5 s: anything it delivers within a second came through LISTEN/NOTIFY."""
-    env = {"FERRYMAN_POLL_INTERVAL": "30", "FERRYMAN_PING_INTERVAL": "0.5"}
+    env = {"FERRYMAN_POLL_INTERVAL": "30", "FERRYMAN_PING_INTERVAL": "0.5", **shortcuts}
     with running(ServerProcess(database_url, env=env)) as proc:
         yield proc
 
@@ -1003,10 +1018,10 @@ async def test_follow_false_closes_after_caught_up(
 
 
 async def test_sigterm_ends_open_streams_and_exits(
-    database_url: str, owner_key: tuple[str, str]
+    database_url: str, owner_key: tuple[str, str], shortcuts: dict[str, str]
 ) -> None:
     _, key = owner_key
-    proc = await asyncio.to_thread(ServerProcess(database_url).start)
+    proc = await asyncio.to_thread(ServerProcess(database_url, env=shortcuts).start)
     try:
         async with client(proc.url, key) as http:
             session = await create_session(http, "shutdown")
@@ -1079,13 +1094,15 @@ async def test_many_idle_streams_fan_out_and_are_released(
         raise AssertionError(f"streams of gone clients still open: {before} -> {now}")
 
 
-async def test_streams_per_owner_are_capped(database_url: str, owner_key: tuple[str, str]) -> None:
+async def test_streams_per_owner_are_capped(
+    database_url: str, owner_key: tuple[str, str], shortcuts: dict[str, str]
+) -> None:
     """FERRYMAN_MAX_STREAMS_PER_OWNER counts one owner's open streams of both kinds: one more
     is 429 TOO_MANY_STREAMS, other owners are not affected, and a closed stream (or one that
     ended by itself, like a resync) gives its slot back."""
     _, key = owner_key
     _, other_key = create_owner_key(database_url)
-    env = {"FERRYMAN_MAX_STREAMS_PER_OWNER": "2"}
+    env = {"FERRYMAN_MAX_STREAMS_PER_OWNER": "2", **shortcuts}
     with running(ServerProcess(database_url, env=env)) as proc:
         async with client(proc.url, key) as http, client(proc.url, other_key) as other:
             session = await create_session(http, "capped")

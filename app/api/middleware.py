@@ -87,7 +87,7 @@ def _too_large_detail(max_bytes: int) -> str:
 SERVER_SEND = "ferryman.server_send"
 # Scope key of the server's own request object (uvicorn's request-response cycle, which its
 # `receive` is a method of), through which an SSE stream may write to the connection directly
-# (app/api/streams.py `uvicorn_direct_write`).
+# (app/streams/shortcuts.py `uvicorn_direct_write`).
 SERVER_CONNECTION = "ferryman.server_connection"
 
 

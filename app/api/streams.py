@@ -18,8 +18,9 @@ from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import owner_key, session_key
-from app.streams.feed import DirectWrite, FeedSource, Page
+from app.streams.feed import FeedSource, Page
 from app.streams.frames import owner_event, parse_cursor, resync_reason, session_event
+from app.streams.shortcuts import uvicorn_direct_write
 from app.streams.sse import DirectWrites, StreamOptions, event_stream, resync_stream
 
 router = APIRouter(prefix="/api/agent", tags=["streams"])
@@ -96,36 +97,6 @@ class EventStreamResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def uvicorn_direct_write(connection: object) -> DirectWrite | None:
-    """A write straight to the connection of uvicorn's httptools request cycle, framed as its
-    `send` frames a chunk of a chunked response, and refused (False) whenever `send` would
-    wait or drop it: the transport over its high-water mark, the client gone. None for any
-    other server or response, whose streams then take the ASGI path alone.
-
-    uvicorn's own objects, not ASGI: what it saves is the stream's task and its response's
-    send path at every event (half a delivery's cost at 1,000 streams of one feed). Every
-    stream test runs on a real uvicorn, so on these bytes; `tests/test_direct_writes.py`
-    fails if the path is never taken."""
-    if type(connection).__module__ != "uvicorn.protocols.http.httptools_impl":
-        return None
-    transport = getattr(connection, "transport", None)
-    flow = getattr(connection, "flow", None)
-    if (
-        transport is None
-        or flow is None
-        or getattr(connection, "chunked_encoding", None) is not True
-    ):
-        return None
-
-    def write(chunk: bytes) -> bool:
-        if flow.write_paused or getattr(connection, "disconnected", True) or transport.is_closing():
-            return False
-        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        return True
-
-    return write
-
-
 def _sse(
     services: Services,
     owner: str,
@@ -136,6 +107,11 @@ def _sse(
     Called last, after every await of the endpoint, so no error can strand a slot."""
     services.slots.take(owner)
     return EventStreamResponse(body, lambda: services.slots.give_back(owner), direct)
+
+
+def _direct_writes(services: Services) -> DirectWrites | None:
+    """The response's direct write for its stream, if the stream shortcuts are on."""
+    return DirectWrites() if services.hub.shortcuts else None
 
 
 def _options(services: Services, follow: bool = True) -> StreamOptions:
@@ -192,7 +168,7 @@ async def stream_owner_events(
         if reason is not None:
             return _sse(services, owner, resync_stream(reason, cursor, last_id, options))
     source = owner_source(services, owner)
-    direct = DirectWrites()
+    direct = _direct_writes(services)
     stream = event_stream("owner", services.hub, source, cursor, options, services.shutdown, direct)
     return _sse(services, owner, stream, direct)
 
@@ -221,7 +197,7 @@ async def stream_session_events(
     if cursor is not None and cursor > last_seq:
         return _sse(services, owner, resync_stream("cursor_ahead", cursor, last_seq, options))
     source = session_source(services, sid)
-    direct = DirectWrites()
+    direct = _direct_writes(services)
     stream = event_stream(
         "session", services.hub, source, cursor or 0, options, services.shutdown, direct
     )

@@ -6,17 +6,21 @@ cursor is older than that buffer reads the database itself; a stream at the tail
 feed. Every read is by cursor, so a lost or late notification only delays delivery (bounded by
 the poll interval). Every read, from memory or the database, takes about one write's worth of
 events, so a stream whose client does not read holds no more than that.
+
+Live delivery has one rule, `Feed.take`: what a stream at a cursor sends next of the feed's
+events and token deltas, and where its cursor goes. A stream's own loop (`streams/sse.py`)
+sends what it takes; a stream parked at the tail has it taken and written to its connection by
+the feed (`Feed._push`), and wakes only for what one direct write cannot do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter
@@ -24,21 +28,17 @@ from prometheus_client import Counter
 from app.backoff import Backoff
 from app.bus import Bus
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.streams.frames import TURN_ENDS, Ephemeral, Event, ephemeral_frame, in_order
+from app.streams.frames import (
+    TURN_ENDS,
+    Ephemeral,
+    Event,
+    ephemeral_frame,
+    in_order,
+    settled_by,
+)
+from app.streams.shortcuts import DirectWrite, malloc_trim
 
 log = logging.getLogger(__name__)
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim (gives the heap's free pages back to the OS), or None without it."""
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return None
-    return trim
-
-
-_MALLOC_TRIM = _malloc_trim()
 
 T = TypeVar("T")
 
@@ -134,21 +134,21 @@ class Tail(Generic[T]):
         return got, number
 
 
-# Writes a chunk to a stream's connection now, if the connection can take it (its buffer under
-# the high-water mark, the client still there); False, writing nothing, if not.
-DirectWrite = Callable[[bytes], bool]
-
-
 @dataclass(eq=False)
 class Follower:
-    """A live stream parked on its feed with nothing left to send (`Feed.park`). Its position
-    lives here while it is parked, so that the feed can write what comes next straight to its
-    connection (`write`) and move it on, without waking its task."""
+    """A live stream's place in its feed. `Feed.take` moves it on, whether the stream's own
+    loop sends what it takes or, while the stream is parked (`Feed.park`), the feed writes that
+    straight to its connection (`write`, when the server offers one)."""
 
-    write: DirectWrite
-    cursor: int  # the last event sent
-    settled: int  # the last turn end sent (`in_order`)
+    write: DirectWrite | None
+    cursor: int  # the last event taken
+    settled: int  # the last turn end taken (`in_order`)
     ephemeral_seen: int  # the number of the last delta taken
+    # Deltas taken whose event is not taken yet: each goes out right after it.
+    held: list[Ephemeral] = field(default_factory=list)
+    # Frames the feed took while the stream was parked and could not write directly (more than
+    # a write's worth, a connection that takes no more): the stream's loop sends them first.
+    unsent: list[bytes] = field(default_factory=list)
     waiter: asyncio.Future[None] | None = None
 
 
@@ -162,12 +162,11 @@ class Feed:
         self.head = 0  # newest id this feed has read
         self.closed = False  # the feed's subject is gone (a deleted session)
         self.ready = asyncio.Event()
-        # Bumped at every change. A stream notes it before checking, then waits for the next
-        # one (`wait`). A waiter is one future per stream, woken straight from here: one
+        # Bumped at every change. A stream notes it before checking, then parks until the next
+        # one (`park`). A waiter is one future per stream, woken straight from here: one
         # callback (its task's wake-up) per stream and announce, and no per-wait closure or
         # callback-list entry, which, living until the next event, the GC would promote.
         self.generation = 0
-        self._waiters: list[asyncio.Future[None]] = []
         self.followers: dict[Follower, None] = {}  # parked streams, in the order they parked
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
@@ -202,78 +201,109 @@ class Feed:
         the number of the last one given."""
         return self.ephemeral.after(seen, self.write_bytes)
 
-    async def wait(self, generation: int) -> None:
-        """Wait for the first change after `generation` (read before checking for work); at
-        once if there was one since."""
-        if generation != self.generation:
-            return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.append(waiter)
-        await waiter  # cancelled: the next announce drops it
+    def take(self, follower: Follower, events: list[Event] | None = None) -> list[bytes] | None:
+        """What a live stream sends next, and its place moved past it: the one rule of live
+        delivery, whether the stream's own loop sends the frames or the feed writes them
+        straight to its connection (`_push`). The events after its cursor come from the feed's
+        memory, or are `events` (read from the log when that no longer reaches back); the
+        feed's token deltas go in among them, each right after the event it follows, and one
+        of a turn already settled is dropped (`in_order`); one whose event is not among them
+        is held for a later call. None, moving nothing, when the feed's memory no longer
+        reaches back to the cursor, or when `events` do not follow it (retention removed
+        events the stream has not sent: it must tell the client to resync)."""
+        if events is None:
+            if (
+                follower.cursor + 1 == self.head
+                and follower.ephemeral_seen == self.ephemeral_count
+                and not follower.held
+                and self.buffer.items
+            ):
+                # The common case, for every stream of a feed at every event: the newest one
+                # alone (as below, without the general path's lists).
+                newest = self.buffer.items[-1][1]
+                follower.cursor = newest.id
+                if newest.type in TURN_ENDS:
+                    follower.settled = newest.id
+                return [newest.live]
+            events = self.since(follower.cursor)
+            if events is None:
+                return None
+        elif events and events[0].id != follower.cursor + 1:
+            return None
+        # Each call takes a write's worth of deltas and of events (or one event bigger than
+        # that), and the next only once these went: a stream that cannot send holds no more.
+        if not follower.held and follower.ephemeral_seen != self.ephemeral_count:
+            follower.held, follower.ephemeral_seen = self.ephemeral_since(follower.ephemeral_seen)
+        if follower.held:
+            frames, taken, _, follower.cursor, follower.settled = in_order(
+                follower.held, events, follower.cursor, follower.settled
+            )
+            del follower.held[:taken]
+            return frames
+        if not events:
+            return []
+        follower.cursor = events[-1].id
+        follower.settled = settled_by(events, follower.settled)
+        return [event.live for event in events]
+
+    def caught_up(self, follower: Follower) -> bool:
+        """Whether a live stream has taken all there is, so it may park until the next change."""
+        return (
+            follower.cursor == self.head
+            and not self.closed
+            and not follower.held
+            and not follower.unsent
+            and follower.ephemeral_seen == self.ephemeral_count
+        )
 
     async def park(self, follower: Follower, generation: int) -> None:
-        """Wait as `wait` does, but meanwhile let the feed write what comes for this stream
-        straight to its connection: one write per stream and event, no task woken (at 1,000
-        streams of one feed, the task and its response's send path were half the cost of a
-        delivery). The stream wakes for a token delta (see `wake`), and for what a direct
-        write cannot do: more than a write's worth, a connection that cannot take more, the
-        feed's keep-alive tick, its close, shutdown."""
+        """Wait for the first change after `generation` (read before checking for work; at
+        once if there was one since). Meanwhile, when the stream's connection can be written
+        to directly (`follower.write`), the feed takes what comes for it and writes it there:
+        one write per stream and event, no task woken. The stream wakes for a token delta (see
+        `wake`), for what a direct write cannot do (`_push`), for the feed's keep-alive tick,
+        its close, shutdown."""
         if generation != self.generation:
             return
         follower.waiter = self._loop.create_future()
         self.followers[follower] = None
         try:
-            await follower.waiter
+            await follower.waiter  # cancelled: the stream left, and the next announce skips it
         finally:
             self.followers.pop(follower, None)
 
     def _announce(self, *, push: bool = True) -> None:
-        """Tell the streams something changed: parked ones are written to (`_push`), or with
-        `push` false woken like the rest."""
+        """Tell the parked streams something changed: each is written to (`_push`), or, when
+        that cannot serve it or `push` is false, woken."""
         self.generation += 1
-        if self.followers:
-            if not push:
-                woken = list(self.followers)
-            else:
-                woken = [follower for follower in self.followers if not self._push(follower)]
-                DIRECT_WRITES.inc(len(self.followers) - len(woken))
-            for follower in woken:
-                del self.followers[follower]
-                if follower.waiter is not None and not follower.waiter.done():
-                    follower.waiter.set_result(None)
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        if not self.followers:
+            return
+        if push:
+            woken = [follower for follower in self.followers if not self._push(follower)]
+            DIRECT_WRITES.inc(len(self.followers) - len(woken))
+        else:
+            woken = list(self.followers)
+        for follower in woken:
+            del self.followers[follower]
+            if follower.waiter is not None and not follower.waiter.done():
+                follower.waiter.set_result(None)
 
     def _push(self, follower: Follower) -> bool:
-        """Write what is new for a parked stream, as its own loop would (`event_stream`), when
-        one direct write can; whether it stays parked (it has all there is)."""
-        if self.closed:
+        """Take what is new for a parked stream (`take`) and write it straight to its
+        connection; whether it stays parked (written, and it has all there is). When one
+        direct write cannot send what was taken, its loop does (`unsent`); it also wakes to
+        read the log, to resync, or at the feed's close."""
+        if follower.write is None or self.closed:
             return False
-        if follower.cursor + 1 == self.head and follower.ephemeral_seen == self.ephemeral_count:
-            # The common case, at every event for every stream of a feed: the one new event,
-            # no delta (as below, without the general path's lists).
-            newest = self.buffer.items[-1][1] if self.buffer.items else None
-            if newest is None or newest.id != self.head or not follower.write(newest.live):
+        frames = self.take(follower)
+        if frames is None:
+            return False
+        if frames:
+            chunk = frames[0] if len(frames) == 1 else b"".join(frames)
+            if (len(frames) > 1 and len(chunk) > self.write_bytes) or not follower.write(chunk):
+                follower.unsent = frames
                 return False
-            follower.cursor = newest.id
-            if newest.type in TURN_ENDS:
-                follower.settled = newest.id
-            return True
-        events = self.since(follower.cursor)
-        if events is None or (events and events[0].id != follower.cursor + 1):
-            return False  # its loop reads the log, or tells the client it expired
-        deltas, seen = self.ephemeral_since(follower.ephemeral_seen)
-        frames, taken, _, cursor, settled = in_order(
-            deltas, events, follower.cursor, follower.settled
-        )
-        if taken < len(deltas) or sum(len(frame) for frame in frames) > self.write_bytes:
-            return False
-        if frames and not follower.write(frames[0] if len(frames) == 1 else b"".join(frames)):
-            return False
-        follower.cursor, follower.settled, follower.ephemeral_seen = cursor, settled, seen
-        return cursor == self.head and seen == self.ephemeral_count
+        return self.caught_up(follower)
 
     def tick_every(self, interval: float) -> None:
         """Wake the streams at least every `interval` s (the shortest any subscriber asked)."""
@@ -373,7 +403,10 @@ class FeedHub:
     `heads` reads the head of every feed in one query and wakes those that moved (or whose
     subject went). A poll per feed cost two reads per feed and interval: at 1,000 session
     streams, 400 reads a second that held up the reads that had something to read. Without
-    `heads`, the poll wakes every feed, and each reads for itself."""
+    `heads`, the poll wakes every feed, and each reads for itself.
+
+    `shortcuts` (FERRYMAN_STREAM_SHORTCUTS): whether its streams may be written to directly and
+    the process's heap trimmed after feeds go (app/streams/shortcuts.py)."""
 
     def __init__(
         self,
@@ -383,8 +416,11 @@ class FeedHub:
         write_bytes: int = 65_536,
         poll_interval: float = 5.0,
         heads: Heads | None = None,
+        shortcuts: bool = True,
     ) -> None:
         self.bus = bus
+        self.shortcuts = shortcuts
+        self._malloc_trim = malloc_trim() if shortcuts else None
         self.buffer_bytes = buffer_bytes
         self.write_bytes = write_bytes
         self.poll_interval = poll_interval
@@ -457,10 +493,10 @@ class FeedHub:
         """Return the heap's free pages to the OS shortly (once for a burst of feeds that go).
         A feed's events are big allocations that malloc serves from the heap, and freeing them
         leaves holes it keeps: a process that once held many would stay that big."""
-        if _MALLOC_TRIM is not None and self._trim is None:
+        if self._malloc_trim is not None and self._trim is None:
             self._trim = asyncio.get_running_loop().call_later(1.0, self._give_back_memory)
 
     def _give_back_memory(self) -> None:
         self._trim = None
-        assert _MALLOC_TRIM is not None
-        _MALLOC_TRIM(0)
+        assert self._malloc_trim is not None
+        self._malloc_trim()

@@ -14,18 +14,17 @@ from prometheus_client import Gauge
 from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import TooManyStreams
-from app.streams.feed import DirectWrite, FeedHub, FeedSource, Follower
+from app.streams.feed import FeedHub, FeedSource, Follower
 from app.streams.frames import (
     PING,
-    Ephemeral,
     ResyncReason,
     control,
     event_writes,
-    in_order,
     retry,
     settled_by,
     writes,
 )
+from app.streams.shortcuts import DirectWrite
 
 OPEN_STREAMS = Gauge("ferryman_sse_streams_open", "Open SSE streams", ["kind"])
 
@@ -33,7 +32,8 @@ OPEN_STREAMS = Gauge("ferryman_sse_streams_open", "Open SSE streams", ["kind"])
 @dataclass
 class DirectWrites:
     """A response's way for its stream's feed to write to the connection directly
-    (`Feed.park`): set once the response has started, None while the server offers none."""
+    (`Feed.park`): set once the response has started, None while the server offers none.
+    Given to a stream only with FERRYMAN_STREAM_SHORTCUTS on."""
 
     write: DirectWrite | None = None
 
@@ -138,72 +138,45 @@ async def event_stream(
             )
             if not options.follow:
                 return
-            ephemeral_seen = feed.ephemeral_count
-            held: list[Ephemeral] = []  # deltas taken, waiting for the event they follow
-
-            async def rest(
-                generation: int, cursor: int, settled: int, seen: int
-            ) -> tuple[int, int, int]:
-                """Wait for the feed with nothing held: parked (`Feed.park`) when the
-                response can be written to directly, the feed then moving the stream's
-                position (cursor, settled, deltas seen) on as it writes."""
-                if direct is None or direct.write is None:
-                    await feed.wait(generation)
-                    return cursor, settled, seen
-                parked = Follower(direct.write, cursor, settled, seen)
-                await feed.park(parked, generation)
-                return parked.cursor, parked.settled, parked.ephemeral_seen
-
+            # Live: what the feed's one rule (`Feed.take`) gives it. Parked when it has all
+            # there is, the feed writes to its connection directly if it can (`Feed.park`).
+            follower = Follower(
+                direct.write if direct is not None else None, cursor, settled, feed.ephemeral_count
+            )
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
                 generation = feed.generation
-                # Each turn takes a write's worth of deltas and of events (or one event bigger
-                # than that) from the feed, and only once the last went: a stream that cannot
-                # send holds no more.
-                if not held:
-                    held, ephemeral_seen = feed.ephemeral_since(ephemeral_seen)
-                try:
-                    # From the feed's memory without a coroutine when it can (the common case:
-                    # every stream of a feed runs this at every event).
-                    live = feed.since(cursor)
-                    events = live if live is not None else await feed.read(cursor)
-                except UNAVAILABLE_ERRORS:
-                    # The database is away: keep the connection, keep pinging, read again.
-                    events = []
-                    await asyncio.sleep(min(options.ping_interval, 1.0))
-                if events and events[0].id != cursor + 1:
-                    yield _expired(cursor, feed.head)
-                    return
-                if held:
-                    # A delta's notification may overtake the event it follows (that one is
-                    # read from the log): each goes out right after its event.
-                    frames, taken, _, cursor, settled = in_order(held, events, cursor, settled)
-                    held = held[taken:]
-                elif events:
-                    frames, cursor = [event.live for event in events], events[-1].id
-                    settled = settled_by(events, settled)
+                if follower.unsent:  # taken while parked, and no direct write could send it
+                    frames, follower.unsent = follower.unsent, []
                 else:
-                    frames = []
+                    # From the feed's memory without a coroutine when it can (the common case:
+                    # every stream of a feed runs this at every event), else from the log.
+                    taken = feed.take(follower)
+                    if taken is None:
+                        try:
+                            events = await feed.read(follower.cursor)
+                        except UNAVAILABLE_ERRORS:
+                            # The database is away: keep the connection, keep pinging, read
+                            # again.
+                            events = []
+                            await asyncio.sleep(min(options.ping_interval, 1.0))
+                        taken = feed.take(follower, events)
+                        if taken is None:
+                            yield _expired(follower.cursor, feed.head)
+                            return
+                    frames = taken
                 if frames:
                     if len(frames) == 1:
                         yield frames[0]  # the common case: one event, shared bytes, one write
                     else:
                         for chunk in writes(frames, feed.write_bytes):
                             yield chunk
-                    if (
-                        generation == feed.generation
-                        and cursor == feed.head
-                        and not feed.closed
-                        and not held
-                        and ephemeral_seen == feed.ephemeral_count
-                    ):
+                    if generation == feed.generation and feed.caught_up(follower):
                         # Sent all there was, and nothing changed meanwhile: wait now rather
                         # than look again (a turn less per delivery); a wake-up with nothing
                         # to send will ping, as after any turn that sent.
                         sent = False
-                        cursor, settled, ephemeral_seen = await rest(
-                            generation, cursor, settled, ephemeral_seen
-                        )
+                        await feed.park(follower, generation)
                     else:
                         sent = True
                     continue
@@ -215,11 +188,6 @@ async def event_stream(
                     yield PING
                 sent = False
                 # Woken by a change, the feed's tick, or shutdown (watch_shutdown above).
-                if held:
-                    await feed.wait(generation)
-                else:
-                    cursor, settled, ephemeral_seen = await rest(
-                        generation, cursor, settled, ephemeral_seen
-                    )
+                await feed.park(follower, generation)
     finally:
         OPEN_STREAMS.labels(kind).dec()

@@ -106,6 +106,10 @@ SETTINGS: dict[str, str] = {
     " whose client does not read holds about two writes.",
     "feed_buffer_bytes": "Bytes of recent events a feed keeps in memory for its streams (the"
     " newest always).",
+    "stream_shortcuts": "A feed writes new events straight to uvicorn's transport for the"
+    " streams parked at its tail, and glibc's `malloc_trim` gives the heap's free pages back"
+    " after feeds close. `false`: every frame goes through ASGI `send`, nothing calls"
+    " `malloc_trim`; the streams deliver the same frames either way.",
     "max_body_bytes": "Request body limit; above: 413 `PAYLOAD_TOO_LARGE`.",
     "cancel_wait_seconds": "The longest `cancel?wait=true`, or a `DELETE` of a running"
     " session, holds the answer.",

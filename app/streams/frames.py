@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.domain import rfc3339
+from app.domain import SessionEventType, rfc3339
 from app.errors import InvalidCursor
 from app.store.notify import parse_ephemeral
 
@@ -181,7 +181,7 @@ def ephemeral_frame(body: str) -> Ephemeral:
 # Events that settle a turn's streamed text: its message, or a retry that drops it. A delta that
 # follows an event before the last of them sent arrived late (its notification overtaken by a
 # read of the log that already found the message) and would show the text twice.
-TURN_ENDS = frozenset({"assistant_message", "model_retry"})
+TURN_ENDS = frozenset({SessionEventType.ASSISTANT_MESSAGE, SessionEventType.MODEL_RETRY})
 
 
 def settled_by(events: list[Event], settled: int) -> int:

@@ -157,6 +157,22 @@ LISTEN ferryman;
 -- name: listen_ferryman_runs
 LISTEN ferryman_runs;
 
+-- name: live_tool_catalog
+WITH live AS (
+    SELECT id, started_at FROM workers
+    WHERE stopped_at IS NULL AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
+)
+    SELECT DISTINCT ON (t.name) t.name, t.description, t.parameters, t.idempotent,
+           t.requires_approval, t.source, count(*) OVER (PARTITION BY t.name) AS workers
+    FROM worker_tools t JOIN live ON live.id = t.worker_id
+    ORDER BY t.name, live.started_at DESC;
+
+-- name: live_worker_count
+SELECT count(*) AS n FROM (
+    SELECT id, started_at FROM workers
+    WHERE stopped_at IS NULL AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
+) live;
+
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;

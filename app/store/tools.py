@@ -14,6 +14,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
+from app.store.statements import statement
 
 # The tools of the workers seen in this window before the last one seen stay names a session may
 # use: a deploy that replaces every worker, or a database outage, must not refuse sessions for
@@ -24,6 +25,21 @@ _LIVE_WORKERS = """
     SELECT id, started_at FROM workers
     WHERE stopped_at IS NULL AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
 """
+
+
+LIVE_CATALOG_SQL = statement(
+    "live_tool_catalog",
+    f"""
+    WITH live AS ({_LIVE_WORKERS})
+    SELECT DISTINCT ON (t.name) t.name, t.description, t.parameters, t.idempotent,
+           t.requires_approval, t.source, count(*) OVER (PARTITION BY t.name) AS workers
+    FROM worker_tools t JOIN live ON live.id = t.worker_id
+    ORDER BY t.name, live.started_at DESC
+    """,
+)
+LIVE_WORKER_COUNT_SQL = statement(
+    "live_worker_count", f"SELECT count(*) AS n FROM ({_LIVE_WORKERS}) live"
+)
 
 
 async def publish_worker_tools(
@@ -62,16 +78,7 @@ async def publish_worker_tools(
 async def read_catalog(conn: Connection, ttl: float) -> tuple[list[dict[str, Any]], int]:
     """The tools the live workers offer, each with `workers`, how many of them offer it (its
     description is the one of the newest worker that offers it), and how many workers live."""
-    cur = await conn.execute(
-        f"""
-        WITH live AS ({_LIVE_WORKERS})
-        SELECT DISTINCT ON (t.name) t.name, t.description, t.parameters, t.idempotent,
-               t.requires_approval, t.source, count(*) OVER (PARTITION BY t.name) AS workers
-        FROM worker_tools t JOIN live ON live.id = t.worker_id
-        ORDER BY t.name, live.started_at DESC
-        """,
-        {"ttl": ttl},
-    )
+    cur = await conn.execute(LIVE_CATALOG_SQL, {"ttl": ttl})
     tools = [
         {
             "name": r["name"],
@@ -84,7 +91,7 @@ async def read_catalog(conn: Connection, ttl: float) -> tuple[list[dict[str, Any
         }
         for r in await cur.fetchall()
     ]
-    cur = await conn.execute(f"SELECT count(*) AS n FROM ({_LIVE_WORKERS}) live", {"ttl": ttl})
+    cur = await conn.execute(LIVE_WORKER_COUNT_SQL, {"ttl": ttl})
     row = await cur.fetchone()
     return tools, int(row["n"]) if row else 0
 

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LINTED := app clients/python tests bench alembic
 TYPED := app clients/python/src alembic
 
-.PHONY: venv test test-fast lint format reference openapi bench
+.PHONY: venv test test-fast lint format reference openapi statements bench ci
 
 venv:  ## the README's install, editable, with the test tools
 	python3 -m venv $(VENV) && $(BIN)/pip install -q -e ./clients/python -e '.[test]'
@@ -30,6 +30,12 @@ reference:  ## regenerate docs/reference.md from the code
 
 openapi:  ## regenerate docs/openapi.json from the app
 	$(BIN)/python -m app.api.openapi --write
+
+statements:  ## rewrite app/store/statements.sql, the readable copy of the store's statements
+	$(BIN)/python -m app.store.statements --write
+
+ci:  ## what CI runs, from a fresh venv: the README's test command, lint, the suite on PostgreSQL 15
+	bash .ci/run
 
 bench:  ## Ferryman beside its peers (docs/performance.md); needs `pip install -e '.[bench]'`
 	$(BIN)/python -m bench.compare --units 1000 --workers 2 --rounds 2

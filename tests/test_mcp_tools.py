@@ -225,6 +225,7 @@ async def test_stdio_tools_are_listed_and_called(tmp_path: Path) -> None:
             "notes__slow",
             "notes__fail",
             "notes__crash",
+            "notes__add_tool",
         }
         echo = tools["notes__echo"]
         assert echo.source == "mcp:notes" and echo.timeout == 7
@@ -265,10 +266,12 @@ async def test_a_server_that_dies_is_restarted(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def http_notes_server(port: int, log: Path, token: str) -> Iterator[subprocess.Popen[bytes]]:
+def http_notes_server(
+    port: int, log: Path, token: str, *flags: str
+) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "NOTES_SERVER_LOG": str(log), "NOTES_SERVER_TOKEN": token}
     proc = subprocess.Popen(
-        [sys.executable, *NOTES_SERVER, "--transport", "http", "--port", str(port)],
+        [sys.executable, *NOTES_SERVER, "--transport", "http", "--port", str(port), *flags],
         cwd=REPO,
         env=env,
         stderr=subprocess.DEVNULL,

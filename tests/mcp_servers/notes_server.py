@@ -4,6 +4,8 @@ Run over stdio:  python -m tests.mcp_servers.notes_server --transport stdio
 Run over HTTP:   python -m tests.mcp_servers.notes_server --transport http --port N
                  (streamable HTTP at http://127.0.0.1:N/mcp; --port 0 picks a free port,
                  which is reported in the "start" event and on stderr)
+                 --legacy: speak only the 2025 protocol, whose sessions (Mcp-Session-Id) a
+                 restarted server no longer knows, as most deployed servers do
 
 Environment:
   NOTES_SERVER_LOG    file to append one JSON line per event to:
@@ -23,8 +25,9 @@ import sys
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -85,6 +88,23 @@ def crash() -> str:
     os._exit(1)
 
 
+@server.tool()
+async def add_tool(name: str, ctx: Context) -> str:
+    """Register a tool `name` that answers its own name, and tell the client the list changed."""
+    record("call", tool="add_tool", args={"name": name})
+
+    def added() -> str:
+        record("call", tool=name, args={})
+        return name
+
+    server.add_tool(added, name=name, description=f"added by add_tool: {name}")
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await ctx.notify_tools_changed()  # to the client's subscriptions/listen stream
+    else:
+        await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
 class BearerGate:
     """ASGI wrapper refusing HTTP requests that lack `Authorization: Bearer <token>`."""
 
@@ -100,10 +120,31 @@ class BearerGate:
         await self.app(scope, receive, send)  # lifespan passes through: it runs the session manager
 
 
-async def serve_http(port: int) -> None:
+class LegacyOnly:
+    """ASGI wrapper answering 2026 requests as a 2025-only server does (404: no such
+    method), so the client falls back to the initialize handshake and a session."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        version = dict(scope.get("headers", [])).get(b"mcp-protocol-version")
+        if (
+            scope["type"] == "http"
+            and version
+            and version.decode() not in HANDSHAKE_PROTOCOL_VERSIONS
+        ):
+            await PlainTextResponse("not found", status_code=404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def serve_http(port: int, legacy: bool) -> None:
     import uvicorn
 
     app: ASGIApp = server.streamable_http_app()
+    if legacy:
+        app = LegacyOnly(app)
     if token := os.environ.get(TOKEN_ENV):
         app = BearerGate(app, token)
     # Bind the socket ourselves so --port 0 works and the real port can be reported.
@@ -121,12 +162,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--legacy", action="store_true")
     args = parser.parse_args()
     if args.transport == "stdio":
         record("start", pid=os.getpid(), transport="stdio")
         server.run("stdio")
     else:
-        anyio.run(serve_http, args.port)
+        anyio.run(serve_http, args.port, args.legacy)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,17 @@
 
 Each configured server is one `McpServer`: a task of its own opens the connection (a stdio child
 process, or streamable HTTP), lists the tools, and holds the connection until it ends, then
-restarts it with backoff. Runs call through it from their own tasks. The MCP SDK's transports
-are anyio task groups, which must be left by the task that entered them, so only the owner task
-ever enters or leaves them; a call from inside that task would be cancelled, not failed, if the
-transport broke.
+restarts it with backoff, and lists the tools again when the server says they changed
+(`notifications/tools/list_changed`). Runs call through it from their own tasks. The MCP SDK's
+transports are anyio task groups, which must be left by the task that entered them, so only
+the owner task ever enters or leaves them; a call from inside that task would be cancelled, not
+failed, if the transport broke.
 
 The tools are offered to the model as `<server>__<tool>`, with the same timeout, cancel and
 fencing as built-in tools: the runner's timeout or abort cancels the call, and the SDK tells the
-server (`notifications/cancelled`).
+server (`notifications/cancelled`). A call that never reached the server (its connection was
+refused, or a restarted server no longer knew the session) is sent again once the server is
+back; one that may have reached it is not.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import re
 import shutil
 import tomllib
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
+import httpx2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.agent.tools.registry import Tool, ToolContext, ToolError
@@ -38,8 +43,21 @@ SERVER_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,40}$"
 # Model providers take function names of [A-Za-z0-9_-], at most 64 characters.
 MAX_TOOL_NAME_CHARS = 64
 SEPARATOR = "__"
+SESSION_HEADER = "mcp-session-id"
+CONNECTION_CLOSED = -32000  # the SDK's error for a request whose connection ended
 
 _E = TypeVar("_E", bound=BaseException)
+
+
+class _Delivery:
+    """Whether one call's request is known not to have reached the server."""
+
+    unsent = False
+
+
+# Set by `McpServer.call`; the SDK runs each HTTP POST in the context of the task that sent
+# the request, so the HTTP transport can tell that call what became of its request.
+_delivery: ContextVar[_Delivery | None] = ContextVar("mcp_delivery", default=None)
 
 
 class McpConfigError(ValueError):
@@ -172,6 +190,7 @@ class McpServer:
         self._client: Any = None
         self._ended = asyncio.Event()  # set when the current connection is known to be gone
         self._ready = asyncio.Event()
+        self._tools_changed = asyncio.Event()
         self._attempted = asyncio.Event()  # set once a connection attempt succeeded or failed
         self._stop = asyncio.Event()
         self._owner: asyncio.Task[None] | None = None
@@ -208,7 +227,17 @@ class McpServer:
 
             try:
                 transport = _watched(self._transport(), on_end)
-                async with Client(transport, cache=None, client_info=_client_info()) as client:
+                async with (
+                    Client(
+                        transport,
+                        cache=None,
+                        client_info=_client_info(),
+                        message_handler=self._on_message,
+                    ) as client,
+                    AsyncExitStack() as listening,
+                ):
+                    self._tools_changed.clear()
+                    await self._listen(client, listening)
                     self.tools = self._tools(await _list_tools(client))
                     self._client = client
                     self._ready.set()
@@ -217,7 +246,15 @@ class McpServer:
                     self._backoff.reset()
                     log.info("MCP server %s connected: %d tools", self.name, len(self.tools))
                     self._on_tools(self)
-                    await _first(self._stop.wait(), ended.wait())
+                    while True:
+                        changed = self._tools_changed
+                        await _first(self._stop.wait(), ended.wait(), changed.wait())
+                        if not changed.is_set() or ended.is_set() or self._stop.is_set():
+                            break
+                        changed.clear()
+                        self.tools = self._tools(await _list_tools(client))
+                        log.info("MCP server %s changed its tools: %d", self.name, len(self.tools))
+                        self._on_tools(self)
                     if ended.is_set() and not self._stop.is_set():
                         log.warning("MCP server %s went away; restarting it", self.name)
             except Exception as exc:  # an HTTP transport's errors leave as exception groups
@@ -230,6 +267,29 @@ class McpServer:
             if not self._stop.is_set():
                 self.restarts += 1
                 await _first(self._stop.wait(), self._backoff.wait())
+
+    async def _on_message(self, message: Any) -> None:
+        """The SDK's message handler: notices that the server's tools changed."""
+        from mcp_types import ToolListChangedNotification
+
+        if isinstance(message, ToolListChangedNotification):
+            self._tools_changed.set()
+
+    async def _listen(self, client: Any, listening: AsyncExitStack) -> None:
+        """On 2026 connections, which have no standing stream, ask for tool-list changes
+        (`subscriptions/listen`); 2025 servers send them unasked."""
+        from mcp.client.subscriptions import ListenNotSupportedError
+        from mcp.shared.exceptions import MCPError
+
+        tools = client.server_capabilities.tools
+        if tools is None or not tools.list_changed:
+            return
+        try:
+            await listening.enter_async_context(client.listen(tools_list_changed=True))
+        except ListenNotSupportedError:
+            pass
+        except MCPError as exc:
+            log.info("MCP server %s: tool-list changes not followed: %s", self.name, exc)
 
     def _why(self, exc: BaseException) -> str:
         """What went wrong, and for a command that is not there, what to do about it."""
@@ -268,14 +328,18 @@ class McpServer:
     async def _http_transport(self) -> AsyncIterator[Any]:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         assert self.config.url is not None
         # A long read timeout: the server may hold a call's answer for 15 s between pings,
         # and a read timeout ends the whole connection. Calls are bounded by the runner.
         timeout = httpx2.Timeout(30.0, read=300.0)
+        http = httpx2.AsyncClient(
+            headers=self.config.headers,
+            timeout=timeout,
+            transport=_DeliveryWatch(httpx2.AsyncHTTPTransport()),
+        )
         async with (
-            create_mcp_http_client(headers=self.config.headers, timeout=timeout) as http,
+            http,
             streamable_http_client(self.config.url, http_client=http) as streams,
         ):
             yield streams
@@ -320,29 +384,73 @@ class McpServer:
         from mcp.shared.exceptions import MCPError
 
         while True:
-            await self._ready.wait()
-            client = self._client
-            if client is not None and self._ready.is_set():
-                break
-            await asyncio.sleep(0)
-        try:
-            result = await client.call_tool(tool, arguments)
-        except MCPError as exc:
-            if exc.code == -32000:  # CONNECTION_CLOSED: the server died under the call
-                if self._client is client:  # the owner may not know yet (an HTTP server)
-                    self._ready.clear()
+            client = await self._connected()
+            delivery = _Delivery()
+            token = _delivery.set(delivery)
+            try:
+                result = await client.call_tool(tool, arguments)
+            except MCPError as exc:
+                # CONNECTION_CLOSED: the server died under the call (or before it got it).
+                if (exc.code == CONNECTION_CLOSED or delivery.unsent) and self._client is client:
+                    self._ready.clear()  # the owner may not know yet (an HTTP server)
                     self._ended.set()
-                raise ToolError(
-                    f"the MCP server {self.name!r} went away during the call (it is being"
-                    " restarted); the call may or may not have taken effect"
-                ) from exc
-            raise ToolError(f"MCP error {exc.code}: {exc.message}") from exc
-        except RuntimeError as exc:  # structured content that breaks the tool's own schema
-            raise ToolError(f"the MCP server {self.name!r} answered badly: {exc}") from exc
+                if delivery.unsent:
+                    log.info(
+                        "MCP server %s: call of %s not received; sending it again", self.name, tool
+                    )
+                    continue
+                if exc.code == CONNECTION_CLOSED:
+                    raise ToolError(
+                        f"the MCP server {self.name!r} went away during the call (it is being"
+                        " restarted); the call may or may not have taken effect"
+                    ) from exc
+                raise ToolError(f"MCP error {exc.code}: {exc.message}") from exc
+            except RuntimeError as exc:  # structured content that breaks the tool's own schema
+                raise ToolError(f"the MCP server {self.name!r} answered badly: {exc}") from exc
+            finally:
+                _delivery.reset(token)
+            break
         text = result_text(result)
         if result.is_error:
             raise ToolError(text or "the tool failed")
         return text
+
+    async def _connected(self) -> Any:
+        """The current client, once connected: waits out a restart."""
+        while True:
+            await self._ready.wait()
+            client = self._client
+            if client is not None and self._ready.is_set():
+                return client
+            await asyncio.sleep(0)
+
+
+class _DeliveryWatch(httpx2.AsyncBaseTransport):
+    """An HTTP transport that marks the calling `_Delivery` unsent when its POST never
+    reached the server: the connection was refused, or the server answered 404 to the
+    session id (it restarted and forgot the session, so it ran nothing)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        delivery = _delivery.get() if request.method == "POST" else None
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx2.ConnectError:
+            if delivery is not None:
+                delivery.unsent = True
+            raise
+        if (
+            delivery is not None
+            and response.status_code == 404
+            and SESSION_HEADER in request.headers
+        ):
+            delivery.unsent = True
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 async def _list_tools(client: Any) -> list[Any]:

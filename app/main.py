@@ -33,17 +33,14 @@ async def _retention_loop(services: Services) -> None:
     settings = services.settings
     while True:
         try:
-            async with services.db.transaction() as conn:
-                pruned = await retention.prune(
-                    conn,
-                    owner_events_older_than=timedelta(days=settings.owner_event_retention_days),
-                    deleted_sessions_older_than=timedelta(
-                        days=settings.deleted_session_retention_days
-                    ),
-                    idempotency_keys_older_than=timedelta(
-                        hours=settings.idempotency_key_retention_hours
-                    ),
-                )
+            pruned = await retention.prune(
+                services.db,
+                owner_events_older_than=timedelta(days=settings.owner_event_retention_days),
+                deleted_sessions_older_than=timedelta(days=settings.deleted_session_retention_days),
+                idempotency_keys_older_than=timedelta(
+                    hours=settings.idempotency_key_retention_hours
+                ),
+            )
             log.info("retention pruned %s", pruned)
         except UNAVAILABLE_ERRORS as exc:
             log.warning("retention skipped: %s", exc)

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.server
+import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from app import logs
+from app.api.problems import OUTAGE_QUIET
+from tests.support import ServerProcess, client, create_owner_key
 
 
 @pytest.mark.parametrize("fmt", ["json", "console"])
@@ -70,3 +78,59 @@ def test_provider_requests_are_logged_only_at_debug(
         logs.configure("info", "console")
         logging.getLogger().handlers.clear()
     assert ("HTTP Request: GET" in err) is said, err
+
+
+def allow_connections(database_url: str, allowed: bool) -> None:
+    """Open or close the database to new connections; closing it also ends every open one, as
+    an outage would."""
+    name = conninfo_to_dict(database_url)["dbname"]
+    with psycopg.connect(make_conninfo(database_url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                sql.Identifier(name), sql.SQL("true" if allowed else "false")
+            )
+        )
+        if not allowed:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+
+
+def outage_warnings(server: ServerProcess) -> list[dict[str, object]]:
+    lines = [line for line in server.logs(tail=None).splitlines() if line.startswith("{")]
+    return [
+        record
+        for record in map(json.loads, lines)
+        if str(record["event"]).startswith("database unavailable")
+    ]
+
+
+async def test_an_api_process_logs_each_database_outage_once(isolated_db: str) -> None:
+    key = create_owner_key(isolated_db)[1]
+    server = ServerProcess(isolated_db, env={"FERRYMAN_POOL_TIMEOUT": "1"}).start()
+    try:
+        async with client(server.url, key) as http:
+
+            async def outage() -> None:
+                allow_connections(isolated_db, False)
+                try:
+                    for _ in range(3):  # requests, one after another and at once
+                        answers = await asyncio.gather(*(http.get("/api/agent") for _ in range(8)))
+                        assert {a.status_code for a in answers} == {503}
+                finally:
+                    allow_connections(isolated_db, True)
+                deadline = time.monotonic() + 15
+                while (await http.get("/api/agent")).status_code != 200:
+                    assert time.monotonic() < deadline, server.logs()
+                    await asyncio.sleep(0.1)
+
+            await outage()
+            assert len(outage_warnings(server)) == 1, server.logs()
+            await asyncio.sleep(OUTAGE_QUIET + 0.5)
+            await outage()
+            warnings = outage_warnings(server)
+            assert len(warnings) == 2, server.logs()
+            assert all(w["level"] == "warning" for w in warnings), warnings
+    finally:
+        server.stop()

@@ -31,6 +31,7 @@ import pytest
 from psycopg.rows import DictRow, dict_row
 
 from app.bus import Bus
+from app.db.pool import Database
 from app.store import retention
 from app.store.events import append_owner_event
 from app.store.notify import STREAMS_CHANNEL, notify
@@ -686,7 +687,7 @@ async def test_resync_too_far_behind(
 
 
 async def test_resync_expired(
-    server: ServerProcess, owner_key: tuple[str, str], database_url: str
+    server: ServerProcess, owner_key: tuple[str, str], database_url: str, db: Database
 ) -> None:
     owner, key = owner_key
     for i in range(5):
@@ -698,12 +699,13 @@ async def test_resync_expired(
             " WHERE owner_id = %s",
             (owner,),
         )
-        await retention.prune(
-            conn,
-            owner_events_older_than=timedelta(days=1),
-            deleted_sessions_older_than=timedelta(days=36500),
-            idempotency_keys_older_than=timedelta(days=36500),
-        )
+    await retention.prune(
+        db,
+        owner_events_older_than=timedelta(days=1),
+        deleted_sessions_older_than=timedelta(days=36500),
+        idempotency_keys_older_than=timedelta(days=36500),
+    )
+    async with await connect(database_url) as conn:
         rows = await (
             await conn.execute("SELECT id FROM owner_events WHERE owner_id = %s", (owner,))
         ).fetchall()

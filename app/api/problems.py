@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import email.message
 import logging
+import math
+import time
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
@@ -205,8 +207,31 @@ def _allowed_methods(request: Request) -> str:
     )
 
 
-def _unavailable(_: Request, exc: Exception) -> JSONResponse:
-    log.warning("database unavailable: %s", type(exc).__name__)
+# A run of requests that found the database unavailable is one outage until none has for this
+# many seconds: the next one after that starts another.
+OUTAGE_QUIET = 5.0
+
+
+class _RequestOutage:
+    """Logs an outage as the requests meet it: a warning for the first request, and every
+    later one only at debug (a busy API would log thousands of lines a minute). A request
+    cannot tell that the database is back, only that none has failed for a while."""
+
+    def __init__(self) -> None:
+        self.last_failure = -math.inf
+
+    def failed(self, exc: Exception) -> None:
+        now = time.monotonic()
+        began = now - self.last_failure > OUTAGE_QUIET
+        self.last_failure = now
+        if began:
+            log.warning("database unavailable: %s", type(exc).__name__)
+        else:
+            log.debug("database still unavailable: %s", type(exc).__name__)
+
+
+def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    request.app.state.database_outage.failed(exc)
     return problem(
         503,
         ProblemCode.DATABASE_UNAVAILABLE,
@@ -227,6 +252,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(FerrymanError, _ferryman_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.state.database_outage = _RequestOutage()
     for error in UNAVAILABLE_ERRORS:
         app.add_exception_handler(error, _unavailable)
     app.add_exception_handler(Exception, _unexpected)

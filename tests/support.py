@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from signal import SIGTERM  # ChildProcess.signal shadows the module in its class
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
 import psycopg
@@ -30,6 +30,9 @@ from app.store import claims
 from app.store import sessions as session_store
 from app.store.keys import hash_key, new_key
 from tests.cluster import data_dir_for, with_database
+
+if TYPE_CHECKING:
+    from tests.netns import Host
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,6 +79,8 @@ class ChildProcess:
 
     database_url: str
     env: dict[str, str] = field(default_factory=dict)
+    # The test host (network namespace) to run in; None: this machine's own network.
+    netns: Host | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     log_path: str = field(default="", init=False)
 
@@ -93,7 +98,13 @@ class ChildProcess:
         self.log_path = log_path
         with open(log_path, "wb") as log:  # the child keeps its own handle
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app", *args],
+                [
+                    *(self.netns.exec_prefix() if self.netns else []),
+                    sys.executable,
+                    "-m",
+                    "app",
+                    *args,
+                ],
                 env=env,
                 cwd=REPO,
                 stdout=log,
@@ -138,11 +149,15 @@ class ServerProcess(ChildProcess):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def host(self) -> str:
+        return self.netns.address if self.netns else "127.0.0.1"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self.port = self.port or free_port()
-        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        args = ["serve", "--host", self.host, "--port", str(self.port)]
         proc = self._spawn(
             [*args, *([] if self.worker else ["--no-worker"]), *self.args],
             f"/tmp/ferryman-test-server-{self.port}.log",

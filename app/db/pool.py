@@ -120,7 +120,14 @@ class Database:
         self.url = url
         self.direct_url = direct_url or url
         self.pooled = self.direct_url != url
-        connect: dict[str, Any] = {"row_factory": dict_row, "autocommit": True}
+        # Across a partition nothing answers and nothing fails: a statement sent would wait for
+        # TCP's retransmissions (minutes). Unacknowledged data for longer than the pool timeout
+        # fails the connection instead, so the request answers 503 and the connection is replaced.
+        connect: dict[str, Any] = {
+            "row_factory": dict_row,
+            "autocommit": True,
+            "tcp_user_timeout": int(timeout * 1000),
+        }
         self._begin: str | None = None
         self._set_local: str | None = None
         if self.pooled:

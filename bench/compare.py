@@ -221,6 +221,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def run_server_command(
+    args: tuple[str, ...], directory: Path, user: str | None, timeout: float = 120
+) -> None:
+    """A PostgreSQL command (initdb, pg_ctl...) as `user` (PostgreSQL refuses to run as root),
+    in `directory`, its output appended to `directory`/ctl.log."""
+    with open(directory / "ctl.log", "ab") as out:
+        subprocess.run(
+            args,
+            check=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            user=user,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the server
+            cwd=directory,
+        )
+
+
 def with_database(url: str, name: str, user: str | None = None) -> str:
     info = psycopg.conninfo.conninfo_to_dict(url)
     return (
@@ -261,17 +279,7 @@ class Cluster:
         self.networks = tuple(networks)
 
     def _run(self, *args: str, timeout: float = 120) -> None:
-        with open(self.dir / "ctl.log", "ab") as out:
-            subprocess.run(
-                args,
-                check=True,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                user=self.user,
-                start_new_session=True,  # Ctrl-C reaches us only; we stop the server
-                cwd=self.dir,
-            )
+        run_server_command(args, self.dir, self.user, timeout)
 
     def start(self) -> None:
         if self.user:

@@ -66,6 +66,7 @@ KIND_OF = {
     "test_chaos": "e2e",
     "test_partitions": "e2e",
     "test_cli": "e2e",
+    "test_failover": "e2e",
     "test_cli_imports": "e2e",
     "test_claim": "integration",
     "test_coalesce::test_pages_of_several_sessions_read_as_one_session_at_a_time": "integration",

@@ -1,0 +1,154 @@
+"""The primary dies hard and its synchronous standby is promoted, under load: every process on
+the libpq multi-host URL reconnects to the new primary by itself, claiming resumes, every
+session ends, and the stream clients miss and repeat nothing.
+
+Runs its own pair of PostgreSQL 15 servers (Debian's binaries), whatever $DATABASE_URL says."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from app.db import migrate
+from tests.ha import BIN, ReplicatedPair
+from tests.support import (
+    ServerProcess,
+    WorkerProcess,
+    client,
+    create_owner_key,
+    missing,
+    new_session,
+    stop_all,
+)
+from tests.test_db_restart import StreamLog, follow, wait_for
+
+SESSIONS = 20
+SLEEP_SECONDS = 1
+TURNS = 2
+# As an HA tool would: it confirms the primary gone before it promotes.
+PROMOTE_AFTER = float(os.environ.get("FAILOVER_PROMOTE_AFTER", "3"))
+RECOVERY_BOUND = 60.0  # from the primary's loss to every session ended
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    if not (BIN / "pg_basebackup").exists():
+        missing("PostgreSQL 15 server binaries", "apt-get install postgresql-15")
+    pair = ReplicatedPair(synchronous=True)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.close()
+
+
+def created_events(url: str) -> int:
+    with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
+        row = conn.execute("SELECT count(*) FROM session_events").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_failover_to_a_synchronous_standby(pair: ReplicatedPair) -> None:
+    with psycopg.connect(pair.admin_url(pair.primary), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE fm")
+    url = pair.url("fm")
+    migrate.upgrade(url)
+    _, key = create_owner_key(url)
+    env = {
+        "FERRYMAN_POOL_TIMEOUT": "2",
+        "FERRYMAN_AUTH": "keys",
+    }
+    server = ServerProcess(url, env=env)
+    workers = [WorkerProcess(url, env=env, concurrency=2) for _ in range(2)]
+    # Runs stream text and call a tool turn after turn: writes are in flight at the loss.
+    step = {"name": "sleep", "arguments": {"seconds": SLEEP_SECONDS}}
+    script = [
+        *({"text": f"step {n} " * 8, "chunks": 8, "delayMs": 800, "toolCalls": [step]}
+          for n in range(TURNS)),
+        {"text": "done", "stopReason": "stop", "delayMs": 20, "chunks": 3},
+    ]  # fmt: skip
+    stop_streams = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        server.start()
+        for worker in workers:
+            worker.start()
+        async with client(server.url, key) as http:
+            owner_log = StreamLog("/api/agent/owner-events")
+            tasks.append(asyncio.create_task(follow(http, owner_log, stop_streams)))
+            await asyncio.wait_for(owner_log.caught_up.wait(), 10)
+            ids = [
+                await new_session(http, f"task {i}", model="scripted", script=script)
+                for i in range(SESSIONS)
+            ]
+            session_log = StreamLog(f"/api/agent/{ids[0]}/events")
+            tasks.append(asyncio.create_task(follow(http, session_log, stop_streams)))
+
+            async def statuses() -> dict[str, str]:
+                found: dict[str, str] = {}
+                for session_id in ids:
+                    with contextlib.suppress(Exception):
+                        response = await http.get(f"/api/agent/{session_id}")
+                        if response.status_code == 200:
+                            found[session_id] = response.json()["status"]
+                return found
+
+            # Runs are mid-tool (the sleep) when the primary goes.
+            deadline = time.monotonic() + 30
+            while list((await statuses()).values()).count("running") < 4:
+                assert time.monotonic() < deadline, "no runs started"
+                await asyncio.sleep(0.2)
+            before = created_events(pair.admin_url(pair.primary, "fm"))
+            lost_at = time.monotonic()
+            await asyncio.to_thread(pair.primary.stop, "immediate")
+            await asyncio.sleep(PROMOTE_AFTER)
+            await asyncio.to_thread(pair.promote_standby)
+            new_primary = pair.admin_url(pair.standby, "fm")
+
+            def committed_again() -> bool:
+                with contextlib.suppress(psycopg.Error):
+                    return created_events(new_primary) > before
+                return False
+
+            await wait_for(committed_again, RECOVERY_BOUND, "a committed event")
+            first_event = time.monotonic() - lost_at
+            print(f"\nfirst committed event on the new primary {first_event:.2f} s after the loss")
+
+            deadline = lost_at + RECOVERY_BOUND
+            while True:
+                found = await statuses()
+                if len(found) == SESSIONS and all(s == "succeeded" for s in found.values()):
+                    break
+                if time.monotonic() > deadline:
+                    logs = "\n".join(w.logs(3000) for w in workers)
+                    raise AssertionError(f"not all succeeded in {RECOVERY_BOUND}s: {found}\n{logs}")
+                await asyncio.sleep(0.5)
+            print(f"every session succeeded {time.monotonic() - lost_at:.2f} s after the loss")
+
+            last = (await http.get(f"/api/agent/{ids[0]}")).json()
+            await wait_for(
+                lambda: max(session_log.ids(), default=0) >= last["lastSeq"], 15, "session tail"
+            )
+            expected_owner = owner_log.start_cursor
+            assert expected_owner is not None
+            await asyncio.sleep(2)  # the owner stream's tail
+    finally:
+        stop_streams.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        stop_all(workers)
+        server.stop()
+    session_ids = session_log.ids()
+    assert session_ids == list(range(1, len(session_ids) + 1)), f"session stream: {session_ids}"
+    owner_ids = owner_log.ids()
+    assert owner_ids == list(range(expected_owner + 1, expected_owner + 1 + len(owner_ids))), (
+        f"owner stream: {owner_ids}"
+    )

@@ -87,8 +87,10 @@ async def test_failover_to_a_synchronous_standby(pair: ReplicatedPair) -> None:
 
 
 async def test_failover_by_pg_auto_failover(formation: AutoFailoverFormation) -> None:
-    """The monitor notices the primary gone and promotes the standby; nothing else is done."""
+    """The monitor notices the primary gone and promotes the standby; nothing else is done.
+    Replication is synchronous until then, and the promoted standby, alone, waits for none."""
     primary, standby = formation.nodes
+    assert synchronous_standby_names(formation.admin_url(primary)) != ""
 
     def stop_primary() -> str:
         formation.stop_hard(primary)
@@ -96,6 +98,14 @@ async def test_failover_by_pg_auto_failover(formation: AutoFailoverFormation) ->
 
     await fail_over_under_load(formation.url(), stop_primary, None)
     assert formation.states()[standby.pgdata.name] in ("wait_primary", "primary")
+    assert synchronous_standby_names(formation.admin_url(standby)) == ""
+
+
+def synchronous_standby_names(url: str) -> str:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SHOW synchronous_standby_names").fetchone()
+        assert row is not None
+        return str(row[0])
 
 
 async def fail_over_under_load(

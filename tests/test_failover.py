@@ -29,6 +29,9 @@ from tests.support import (
 )
 from tests.test_db_restart import StreamLog, follow, wait_for
 
+# Its servers are its own, whatever $DATABASE_URL says: CI runs it on one PostgreSQL only.
+pytestmark = pytest.mark.once
+
 SESSIONS = 20
 SLEEP_SECONDS = 1
 TURNS = 2

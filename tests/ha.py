@@ -1,21 +1,29 @@
 """A PostgreSQL 15 primary and a streaming-replication standby of it, in a temporary directory,
-for failover tests: Debian's PostgreSQL 15 binaries, run as `nobody` when we are root
+for failover tests: promoted by hand (`ReplicatedPair`) or by pg_auto_failover's monitor
+(`AutoFailoverFormation`). Debian's PostgreSQL 15 binaries, run as `nobody` when we are root
 (PostgreSQL refuses to run as root), as `bench.compare.Cluster` runs its private cluster."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
+import signal
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import psycopg
 
 from bench.compare import free_port, run_server_command
 
 BIN = Path("/usr/lib/postgresql/15/bin")
+PG_AUTOCTL = Path("/usr/bin/pg_autoctl")  # Debian's pg-auto-failover-cli
+AUTO_FAILOVER_EXTENSION = Path("/usr/share/postgresql/15/extension/pgautofailover.control")
 SETTINGS = (
     "listen_addresses=127.0.0.1",
     "max_connections=200",
@@ -57,17 +65,23 @@ class Node:
         return (self.pgdata / "postmaster.pid").exists()
 
 
+def server_directory() -> tuple[Path, str | None]:
+    """A temporary directory the servers' user owns, and that user (None: ours)."""
+    root = Path(tempfile.mkdtemp(prefix="ferryman-ha-"))
+    user = "nobody" if os.geteuid() == 0 else None
+    if user:
+        entry = pwd.getpwnam(user)
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+    return root, user
+
+
 class ReplicatedPair:
     """`start()` makes the primary, then the standby with `pg_basebackup -R`; `synchronous`
     makes the primary wait for the standby's flush at every commit."""
 
     def __init__(self, synchronous: bool = True) -> None:
         self.synchronous = synchronous
-        self.root = Path(tempfile.mkdtemp(prefix="ferryman-ha-"))
-        self.user = "nobody" if os.geteuid() == 0 else None
-        if self.user:
-            entry = pwd.getpwnam(self.user)
-            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        self.root, self.user = server_directory()
         self.primary = Node(self.root, "primary", self.user)
         self.standby = Node(self.root, "standby", self.user)
 
@@ -110,6 +124,156 @@ class ReplicatedPair:
 
     def close(self) -> None:
         for node in (self.primary, self.standby):
+            if node.running:
+                with contextlib.suppress(Exception):
+                    node.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# The monitor's decision, shortened from pg_auto_failover's defaults (a health check every 5 s,
+# unhealthy after 20 s, 30 s more for the primary to demote itself) so a test fails over in
+# seconds: the primary is checked every second and given up 2 s after its last answer.
+MONITOR_SETTINGS = (
+    "pgautofailover.health_check_period=1000",
+    "pgautofailover.health_check_timeout=1000",
+    "pgautofailover.health_check_max_retries=1",
+    "pgautofailover.health_check_retry_delay=500",
+    "pgautofailover.node_considered_unhealthy_timeout=2000",
+    "pgautofailover.primary_demote_timeout=2000",
+)
+
+
+class AutoFailoverFormation:
+    """pg_auto_failover's monitor and two nodes, each under its own `pg_autoctl run` keeper:
+    the first node made is the primary, the second its synchronous standby, which the monitor
+    promotes when the primary stops answering (and then stops waiting for a standby)."""
+
+    def __init__(self, database: str) -> None:
+        self.database = database
+        self.root, self.user = server_directory()
+        self.monitor = Node(self.root, "monitor", self.user)
+        self.nodes = (Node(self.root, "node1", self.user), Node(self.root, "node2", self.user))
+        self.keepers: dict[str, subprocess.Popen[bytes]] = {}
+
+    def environment(self) -> dict[str, str]:
+        """pg_autoctl keeps its state under XDG directories and reaches its local server
+        through the socket directory and superuser `initdb` made."""
+        root = str(self.root)
+        return {
+            "PATH": f"{BIN}:/usr/bin:/bin",
+            "HOME": root,
+            "XDG_CONFIG_HOME": f"{root}/config",
+            "XDG_DATA_HOME": f"{root}/share",
+            "XDG_RUNTIME_DIR": f"{root}/run",
+            "PGHOST": root,
+            "PGUSER": "postgres",
+        }
+
+    def autoctl(self, *args: str) -> str:
+        done = subprocess.run(
+            [str(PG_AUTOCTL), *args], capture_output=True, text=True, timeout=120,
+            user=self.user, env=self.environment(), cwd=self.root,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_autoctl {' '.join(args)}: {done.stderr[-3000:]}")
+        return done.stdout
+
+    def initdb(self, node: Node, *settings: str) -> None:
+        """`initdb` as ours, so that pg_autoctl adopts the data directory: its own tuning
+        would size shared_buffers for the whole machine; `postgresql.auto.conf` overrides it,
+        and pg_basebackup copies it to the standby."""
+        node.run(
+            str(BIN / "initdb"), "-D", str(node.pgdata), "-U", "postgres", "-A", "trust",
+            "-E", "UTF8", "--no-locale", "--no-sync",
+        )  # fmt: skip
+        lines = (
+            "shared_buffers=128MB", "fsync=off", "max_connections=200",
+            f"unix_socket_directories='{self.root}'", *settings,
+        )  # fmt: skip
+        with open(node.pgdata / "postgresql.auto.conf", "a") as conf:
+            conf.write("".join(f"{line}\n" for line in lines))
+
+    def run_keeper(self, node: Node) -> None:
+        log = open(self.root / f"{node.pgdata.name}.keeper.log", "ab")  # noqa: SIM115
+        self.keepers[node.pgdata.name] = subprocess.Popen(
+            [str(PG_AUTOCTL), "run", "--pgdata", str(node.pgdata)],
+            stdout=log, stderr=subprocess.STDOUT, user=self.user, env=self.environment(),
+            cwd=self.root, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+
+    def start(self) -> None:
+        self.initdb(self.monitor, *MONITOR_SETTINGS)
+        self.autoctl(
+            "create", "monitor", "--pgdata", str(self.monitor.pgdata),
+            "--pgport", str(self.monitor.port), *self.local_options(),
+        )  # fmt: skip
+        self.run_keeper(self.monitor)
+        monitor_uri = self.autoctl(
+            "show", "uri", "--pgdata", str(self.monitor.pgdata), "--formation", "monitor"
+        ).strip()
+        self.initdb(self.nodes[0])
+        # The first node is `single` until the second has caught up with it.
+        for node, state in zip(self.nodes, ("single", "secondary"), strict=True):
+            self.autoctl(
+                "create", "postgres", "--pgdata", str(node.pgdata), "--pgport", str(node.port),
+                "--pghost", str(self.root), "--name", node.pgdata.name, "--monitor", monitor_uri,
+                "--username", "postgres", "--dbname", self.database, *self.local_options(),
+            )  # fmt: skip
+            self.run_keeper(node)
+            self.wait_for_state(node, state, 60)
+        self.wait_for_state(self.nodes[0], "primary", 30)
+
+    def local_options(self) -> tuple[str, ...]:
+        return ("--hostname", "127.0.0.1", "--listen", "127.0.0.1", "--auth", "trust", "--no-ssl")
+
+    def states(self) -> dict[str, str]:
+        """Each node's state as its keeper last reported it to the monitor."""
+        shown = self.autoctl("show", "state", "--pgdata", str(self.monitor.pgdata), "--json")
+        return {node["nodename"]: node["current_group_state"] for node in json.loads(shown)}
+
+    def wait_for_state(self, node: Node, state: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (found := self.states().get(node.pgdata.name)) != state:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{node.pgdata.name} is {found}, not {state}")
+            time.sleep(0.5)
+
+    def url(self) -> str:
+        """The multi-host URL pg_autoctl gives clients (target_session_attrs=read-write), as
+        the servers' superuser."""
+        uri = self.autoctl(
+            "show", "uri", "--pgdata", str(self.monitor.pgdata), "--formation", "default"
+        ).strip()
+        return uri.replace("postgres://", "postgresql://postgres@", 1)
+
+    def admin_url(self, node: Node) -> str:
+        return f"postgresql://postgres@127.0.0.1:{node.port}/{self.database}"
+
+    def stop_hard(self, node: Node) -> None:
+        """The node's host dies: its keeper killed (no word to the monitor), its PostgreSQL
+        stopped without a shutdown checkpoint."""
+        keeper = psutil.Process(self.keepers[node.pgdata.name].pid)
+        services = [  # named before any is killed: the services end with their supervisor
+            process
+            for process in keeper.children(recursive=True)
+            if process.name().startswith("pg_autoctl")
+        ]
+        for process in (keeper, *services):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+        self.keepers.pop(node.pgdata.name).wait(10)
+        node.stop("immediate")
+
+    def close(self) -> None:
+        for keeper in self.keepers.values():
+            keeper.terminate()  # the keeper stops its PostgreSQL
+        for keeper in self.keepers.values():
+            try:
+                keeper.wait(30)
+            except subprocess.TimeoutExpired:
+                keeper.kill()
+        for node in (*self.nodes, self.monitor):
             if node.running:
                 with contextlib.suppress(Exception):
                     node.stop("immediate")

@@ -62,8 +62,15 @@ from bench.stats import percentile  # noqa: E402
 from tests import netns  # noqa: E402
 from tests.cluster import Cluster, data_dir_for  # noqa: E402
 from tests.pgbouncer import PgBouncer, pgbouncer  # noqa: E402
-from tests.support import ServerProcess, WorkerProcess, create_owner_key, sse  # noqa: E402
+from tests.support import (  # noqa: E402
+    ServerProcess,
+    WorkerProcess,
+    create_owner_key,
+    sse,
+    wait_logged,
+)
 
+LEASE_LOST = "lease lost; run stops writing"  # a worker's log line for a run fenced out
 # The API processes' keep-alive: a client that hears nothing for a few of them moves on.
 PING_INTERVAL = 2.0
 INTERRUPTED = {"isError": True, "interrupted": True, "content": "worker interrupted"}
@@ -225,7 +232,8 @@ async def follow_owner(
             at = rng.randrange(len(servers))
             continue  # we hung up: reconnect at once
         except httpx.HTTPError:
-            pass
+            if stop.is_set():
+                return  # the client closed under the stream: not a drop
         feed.drops += 1
         if len(servers) > 1:
             at = (at + 1) % len(servers)
@@ -596,7 +604,8 @@ async def chaos(
                 tasks.append(asyncio.create_task(follower))
             chaos_start = time.monotonic()
             done = asyncio.Event()
-            # Hosts whose link is down: their workers are left alone, to be fenced out.
+            # Hosts whose link is (or was just) down: their workers are left alone, to be
+            # fenced out.
             cut: set[str] = set()
 
             def at() -> str:
@@ -637,7 +646,8 @@ async def chaos(
                         continue
                     fleet.kill(victim)
                     report.kills += 1
-                    say(f"{at()} SIGKILL {what} worker {victim.pid}")
+                    where = f" on {victim.netns.name}" if victim.netns else ""
+                    say(f"{at()} SIGKILL {what} worker {victim.pid}{where}")
 
             async def away(what: str, start: Any, back: Any, down: float) -> None:
                 """`start()` an outage, and `back()` after `down` seconds; recorded."""
@@ -680,6 +690,9 @@ async def chaos(
                 cut.add(host.name)
                 try:
                     await away(f"host {host.name}", host.cut, host.heal, config.partition_for)
+                    # Back, it finds its leases gone (a refused write or a heartbeat) and says so.
+                    with contextlib.suppress(AssertionError):
+                        await wait_logged(worker, LEASE_LOST, timeout=4 * config.lease_ttl)
                 finally:
                     cut.discard(host.name)
 
@@ -786,7 +799,7 @@ def verify(url: str, report: ChaosReport, scripts: dict[str, list[str]], fleet: 
     for row in sessions.values():
         report.attempts[row["attempt"]] = report.attempts.get(row["attempt"], 0) + 1
     logs = fleet.logs()
-    report.fenced_out = logs.count("lease lost; run stops writing")
+    report.fenced_out = logs.count(LEASE_LOST)
     if crashed := logs.count("run failed unexpectedly"):
         problems.append(f"{crashed} runs failed with an unexpected error: see the worker logs")
     if len(sessions) != len(report.sessions) or set(sessions) != set(report.sessions):

@@ -19,11 +19,17 @@ from tests.cluster import data_dir_for
 BOUND_SECONDS = 90.0
 
 
-def assert_every_event_once(report: ChaosReport) -> None:
-    """Every owner event id 1..N reached every client exactly once, in order."""
+def assert_nothing_lost(report: ChaosReport, config: ChaosConfig) -> None:
+    """Every session created once and succeeded; every owner event id 1..N reached every
+    client exactly once, in order; within the bound."""
+    print(report.summary())
+    assert not report.problems, report.summary()
+    assert len(report.sessions) == config.sessions
+    assert set(report.final_status.values()) == {"succeeded"}, report.summary()
     assert report.feeds, report.summary()
     for feed in report.feeds:
         assert feed.ids == list(range(1, report.owner_head + 1)), report.summary()
+    assert report.elapsed < BOUND_SECONDS + 30, report.summary()
 
 
 async def test_chaos() -> None:
@@ -43,16 +49,11 @@ async def test_chaos() -> None:
         progress=True,
     )
     report = await run_chaos(config)
-    print(report.summary())
-    assert not report.problems, report.summary()
-    assert len(report.sessions) == config.sessions
-    assert set(report.final_status.values()) == {"succeeded"}, report.summary()
+    assert_nothing_lost(report, config)
     assert report.db_restarted, "the database was not restarted"
     assert report.kills >= 5, report.summary()
     assert report.resumes >= 3, report.summary()
-    assert_every_event_once(report)
     assert report.feeds[0].connects >= 2, "the owner stream never had to reconnect"
-    assert report.elapsed < BOUND_SECONDS + 30, report.summary()
 
 
 async def test_chaos_on_hosts_through_pgbouncer() -> None:
@@ -63,31 +64,30 @@ async def test_chaos_on_hosts_through_pgbouncer() -> None:
         workers=3,
         concurrency=4,
         kill_every=4.0,
-        spread=14.0,
-        # The killer stops before the end so that the partitioned host's worker, back, claims.
-        duration=16.0,
+        spread=16.0,
+        duration=18.0,
         db_restart_at=None,
-        partition_at=3.0,
-        partition_for=2 * lease_ttl,
         pgbouncer=True,
-        pgbouncer_restart_at=11.0,
+        pgbouncer_restart_at=3.0,
         pgbouncer_down=2.0,
+        # Longer than the lease TTL, and than the clients' read timeout after the last ping
+        # (2-3 pings): the client on the cut host gives up on it during the cut. The cut
+        # worker has the rest of the run to find its leases gone once back.
+        partition_at=7.0,
+        partition_for=7.0,
+        # Clients move only when their stream goes away.
+        hang_up_every=None,
         lease_ttl=lease_ttl,
         timeout=BOUND_SECONDS - 10,
         progress=True,
     )
     report = await run_chaos(config)
-    print(report.summary())
-    assert not report.problems, report.summary()
-    assert len(report.sessions) == config.sessions
-    assert set(report.final_status.values()) == {"succeeded"}, report.summary()
+    assert_nothing_lost(report, config)
     assert report.pgbouncer_restarted, "PgBouncer was not restarted"
     assert report.partitioned, "no host was partitioned"
     # The cut worker's runs were taken over and, once its link was back, fenced out.
     assert report.fenced_out >= 1, report.summary()
     assert report.kills >= 2, report.summary()
     assert len(report.feeds) == 3
-    assert_every_event_once(report)
-    # The partitioned host's client went elsewhere: its stream could not stay.
+    # The partitioned host's client went to another host and missed nothing there.
     assert sum(feed.moves for feed in report.feeds) >= 1, report.summary()
-    assert report.elapsed < BOUND_SECONDS + 30, report.summary()

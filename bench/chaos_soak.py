@@ -25,7 +25,7 @@ not restarted there: PgBouncer is). Usage:
     python bench/chaos_soak.py --sessions 200 --workers 3 --kill-every 3 --duration 120
     python -m bench.chaos_soak --hosts 3 --pgbouncer --sessions 200 --duration 90
 
-`tests/test_chaos.py` runs a CI-sized version of the same scenario.
+`tests/test_chaos.py` runs CI-sized versions of both.
 """
 
 from __future__ import annotations
@@ -478,7 +478,9 @@ class Deployment:
     bouncer: PgBouncer | None = None
 
 
-def places(url: str, hosts: list[netns.Host | None], bouncer: PgBouncer | None) -> list[Place]:
+def places_for(url: str, hosts: list[netns.Host | None], bouncer: PgBouncer | None) -> list[Place]:
+    """A place on each host (None: this machine), reaching the database at its address on the
+    hosts' links, through `bouncer` when there is one."""
     made = []
     for host in hosts:
         address = str(host.database.ip) if host else None
@@ -527,7 +529,7 @@ def on_hosts(config: ChaosConfig, stack: contextlib.ExitStack) -> Deployment:
     if config.pgbouncer:
         listen = (str(made[0].database.ip),)
         bouncer = stack.enter_context(pgbouncer(cluster.url, config.pgbouncer_pool, listen))
-    return Deployment(url, places(url, [*made], bouncer), bouncer=bouncer)
+    return Deployment(url, places_for(url, [*made], bouncer), bouncer=bouncer)
 
 
 async def on_this_machine(config: ChaosConfig, stack: contextlib.ExitStack) -> Deployment:
@@ -546,7 +548,7 @@ async def on_this_machine(config: ChaosConfig, stack: contextlib.ExitStack) -> D
     bouncer = None
     if config.pgbouncer:
         bouncer = stack.enter_context(pgbouncer(cluster.url, config.pgbouncer_pool))
-    return Deployment(url, places(url, [None], bouncer), cluster=cluster, bouncer=bouncer)
+    return Deployment(url, places_for(url, [None], bouncer), cluster=cluster, bouncer=bouncer)
 
 
 async def chaos(

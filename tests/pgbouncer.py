@@ -13,6 +13,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -43,13 +44,44 @@ class PgBouncer:
     port: int
     user: str
     directory: Path
-    proc: subprocess.Popen[bytes]
+    args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
 
-    def url(self, direct_url: str) -> str:
-        """`direct_url`'s database, user and password, through PgBouncer."""
+    def url(self, direct_url: str, host: str = "127.0.0.1") -> str:
+        """`direct_url`'s database, user and password, through PgBouncer (at `host`, one of the
+        addresses it listens on)."""
         info = conninfo_to_dict(direct_url)
-        info.update(host="127.0.0.1", port=str(self.port), user=self.user)
+        info.update(host=host, port=str(self.port), user=self.user)
         return make_conninfo(**info)
+
+    def start(self, timeout: float = 15) -> None:
+        """Start it and wait until its admin console answers."""
+        with open(self.directory / "stdout.log", "ab") as out:
+            self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                output = (self.directory / "stdout.log").read_text(errors="replace")
+                raise RuntimeError(f"pgbouncer exited:\n{output}\n{self.logs()}")
+            try:
+                self.show("VERSION")
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it with `sig` (SIGTERM: PgBouncer closes every connection at once; SIGKILL: it
+        crashes)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
     def show(self, what: str) -> list[dict[str, Any]]:
         """`SHOW <what>` on PgBouncer's admin console (simple query protocol, autocommit)."""
@@ -75,8 +107,11 @@ def _run_as(host: str) -> str | None:
 
 
 @contextlib.contextmanager
-def pgbouncer(server_url: str, pool_size: int = POOL_SIZE) -> Iterator[PgBouncer]:
-    """PgBouncer in transaction mode in front of `server_url`'s server (any database on it)."""
+def pgbouncer(
+    server_url: str, pool_size: int = POOL_SIZE, listen: tuple[str, ...] = ()
+) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of `server_url`'s server (any database on it),
+    on 127.0.0.1 and the addresses in `listen`."""
     require_pgbouncer()
     info = conninfo_to_dict(server_url)
     host = str(info.get("host") or "127.0.0.1")
@@ -93,7 +128,7 @@ def pgbouncer(server_url: str, pool_size: int = POOL_SIZE) -> Iterator[PgBouncer
 * = host={host} port={info.get("port") or 5432}
 
 [pgbouncer]
-listen_addr = 127.0.0.1
+listen_addr = {",".join(["127.0.0.1", *listen])}
 listen_port = {port}
 unix_socket_dir =
 auth_type = trust
@@ -112,28 +147,10 @@ logfile = {directory / "pgbouncer.log"}
         for path in (directory, *directory.iterdir()):
             os.chown(path, uid, -1)
     args = [PGBOUNCER, *(["-u", run_as] if run_as else []), str(directory / "pgbouncer.ini")]
-    with open(directory / "stdout.log", "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    bouncer = PgBouncer(port=port, user=user, directory=directory, proc=proc)
+    bouncer = PgBouncer(port=port, user=user, directory=directory, args=args)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            if proc.poll() is not None:
-                output = (directory / "stdout.log").read_text(errors="replace")
-                raise RuntimeError(f"pgbouncer exited:\n{output}\n{bouncer.logs()}")
-            try:
-                bouncer.show("VERSION")
-                break
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        bouncer.start()
         yield bouncer
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        bouncer.stop()
         shutil.rmtree(directory, ignore_errors=True)

@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     # tail, and glibc's malloc_trim runs after feeds close (app/streams/shortcuts.py). Off:
     # every frame goes through ASGI `send`, and nothing calls malloc_trim.
     stream_shortcuts: bool = True
+    # An API process whose reads of the logs have failed this long closes its streams, so that
+    # their clients reconnect to a host that can serve them. Longer than one failed read (the
+    # pool timeout) and a database restart, so a blip closes nothing.
+    stream_outage_close: float = Field(default=10.0, gt=0)
 
     # Limits.
     max_body_bytes: int = 1_048_576

@@ -110,6 +110,10 @@ SETTINGS: dict[str, str] = {
     " streams parked at its tail, and glibc's `malloc_trim` gives the heap's free pages back"
     " after feeds close. `false`: every frame goes through ASGI `send`, nothing calls"
     " `malloc_trim`; the streams deliver the same frames either way.",
+    "stream_outage_close": "Seconds an API process's reads of the logs may keep failing (none"
+    " succeeding) before it closes its SSE streams, so their clients reconnect with"
+    " `Last-Event-ID`, through a load balancer to a host that can read, and miss nothing. A"
+    " shorter outage (a lost NOTIFY, one failed read, a database restart) closes none.",
     "max_body_bytes": "Request body limit; above: 413 `PAYLOAD_TOO_LARGE`.",
     "cancel_wait_seconds": "The longest `cancel?wait=true`, or a `DELETE` of a running"
     " session, holds the answer.",

@@ -133,6 +133,7 @@ class Services:
             write_bytes=settings.stream_write_bytes,
             poll_interval=settings.poll_interval,
             shortcuts=settings.stream_shortcuts,
+            outage_close=settings.stream_outage_close,
         )
         slots = StreamSlots(settings.max_streams_per_owner)
         return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots)

@@ -250,53 +250,99 @@ async def test_an_api_host_cut_off_answers_503_and_clients_move_on() -> None:
                 stream.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await stream
-            # The other API host, from the last id the client saw.
-            last_id = str(seen[-1]["id"]) if seen else "0"
-            async with client(other_api.url, key) as http, owner_stream(http, seen, last_id):
-                await until(
-                    lambda: count(seen, "session_status", status="succeeded") == len(sessions),
-                    40,
-                    "every session to succeed",
-                )
-            assert_gap_free(seen, url)
+            await go_on_elsewhere(other_api, key, seen, sessions, url)
         finally:
             for process in (worker, cut_api, other_api):
                 process.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stream's feed retries the database with backoff through an outage and the"
-    " stream stays open (pings only) until the database is back; it does not close",
-)
+STREAM_OUTAGE_CLOSE = 4.0
+
+
 async def test_an_api_host_cut_off_closes_its_streams() -> None:
-    with network(1) as ([cut_host], url):
+    """Its streams end cleanly once it has been unable to read the log for
+    FERRYMAN_STREAM_OUTAGE_CLOSE (not at the first failed read), a new stream there answers 503
+    within the pool timeout, and the client goes on at the other API host from its last id."""
+    with network(2) as ([cut_host, other_host], url):
         _, key = create_owner_key(url)
-        api = ServerProcess(via(url, cut_host), env=PARTITION_ENV, netns=cut_host).start()
+        api_env = {**PARTITION_ENV, "FERRYMAN_STREAM_OUTAGE_CLOSE": str(STREAM_OUTAGE_CLOSE)}
+        cut_api = ServerProcess(via(url, cut_host), env=api_env, netns=cut_host).start()
+        other_api = ServerProcess(via(url, other_host), env=api_env, netns=other_host)
+        other_api.start()
+        worker_env = {**WORKER_ENV, **PARTITION_ENV, **TOOLS_ENV}
+        worker = WorkerProcess(url, env=worker_env, concurrency=4).start()
         try:
+            await ready(worker)
             seen: list[dict[str, Any]] = []
-            async with client(api.url, key) as http:
+            async with client(cut_api.url, key) as http:
                 stream = asyncio.create_task(read_until_closed(http, seen))
-                response = await http.post("/api/agent", json={"prompt": "stays queued"})
-                assert response.status_code == 201, response.text
-                await until(lambda: len(seen) == 1, 20, "the stream to deliver an event")
+                sessions = []
+                for i in range(3):
+                    # Still writing when the stream closes, and after.
+                    slow = {"toolCalls": [{"name": "slow", "arguments": {"seconds": 5}}]}
+                    script = [slow, slow, slow, {"text": "finished"}]
+                    response = await http.post(
+                        "/api/agent", json={"prompt": f"stream cut {i}", "script": script}
+                    )
+                    assert response.status_code == 201, response.text
+                    sessions.append(response.json()["id"])
+                await until(lambda: len(seen) >= 3, 20, "events on the cut host's stream")
                 cut_host.cut_database()
+                cut_at = time.monotonic()
                 try:
-                    await asyncio.wait_for(stream, POOL_TIMEOUT + 15)
+                    ended_cleanly = await asyncio.wait_for(stream, STREAM_OUTAGE_CLOSE + 20)
+                    closed_after = time.monotonic() - cut_at
+                    started = time.monotonic()
+                    response = await asyncio.wait_for(
+                        http.get(
+                            "/api/agent/owner-events", headers={"Accept": "text/event-stream"}
+                        ),
+                        POOL_TIMEOUT + 10,
+                    )
+                    answered = time.monotonic() - started
                 finally:
                     cut_host.heal_database()
                     stream.cancel()
+            print(
+                f"API cut -> its stream closed {closed_after:.2f}s, a new one 503 {answered:.2f}s"
+            )
+            assert ended_cleanly, "the cut host's stream broke instead of ending"
+            assert closed_after >= STREAM_OUTAGE_CLOSE, closed_after
+            # Found within a poll and a pool timeout, closed at a failed read that came later.
+            assert closed_after < STREAM_OUTAGE_CLOSE + 3 * (POLL_INTERVAL + POOL_TIMEOUT) + 5
+            assert_problem(response, 503, "DATABASE_UNAVAILABLE")
+            assert answered < POOL_TIMEOUT + 3, answered
+            await go_on_elsewhere(other_api, key, seen, sessions, url)
         finally:
-            api.stop()
+            for process in (worker, cut_api, other_api):
+                process.stop()
 
 
-async def read_until_closed(http: httpx.AsyncClient, into: list[dict[str, Any]]) -> None:
-    """Read the owner stream until the server closes it (or the connection breaks)."""
-    with contextlib.suppress(httpx.HTTPError):
+async def go_on_elsewhere(
+    api: ServerProcess, key: str, seen: list[dict[str, Any]], sessions: list[str], url: str
+) -> None:
+    """The client reads the owner stream at another API host from the last id it saw, until
+    every session succeeded: the stream missed and repeated nothing."""
+    last_id = str(seen[-1]["id"]) if seen else "0"
+    async with client(api.url, key) as http, owner_stream(http, seen, last_id):
+        await until(
+            lambda: count(seen, "session_status", status="succeeded") == len(sessions),
+            60,
+            "every session to succeed",
+        )
+    assert_gap_free(seen, url)
+
+
+async def read_until_closed(http: httpx.AsyncClient, into: list[dict[str, Any]]) -> bool:
+    """Read the owner stream until the server closes it (True) or the connection breaks."""
+    try:
         async with sse(http, "/api/agent/owner-events", last_event_id="0") as events:
             async for event in events:
                 if event.id and event.event not in ("caught_up", "resync_required"):
                     into.append({**json.loads(event.data), "id": int(event.id)})
+    except httpx.HTTPError:
+        return False
+    return True
 
 
 async def test_a_cut_listen_connection_leaves_the_poll() -> None:

@@ -1139,24 +1139,28 @@ async def test_streams_per_owner_are_capped(
 # --- events pruned under a replaying stream -------------------------------------------------
 
 
+def stage_event(i: int) -> Event:
+    """Owner event `i` of an in-memory log."""
+    row = {
+        "owner_id": "o",
+        "id": i,
+        "session_id": uuid.uuid4(),
+        "type": STAGE,
+        "data": {"stage": str(i)},
+        "created_at": datetime.now(UTC),
+    }
+    return owner_event(row)
+
+
+def frames_in(chunks: list[bytes]) -> list[Frame]:
+    return [parse_block(b) for b in b"".join(chunks).decode().split("\n\n") if b]
+
+
 async def test_events_pruned_mid_replay_are_never_skipped_silently() -> None:
     """Retention may delete events a stream has not sent yet (its cursor was within retention
     when it connected). The stream must not jump over them: it says resync_required
     {reason: "expired"} and closes. Driven with an in-memory source, no database."""
-    now = datetime.now(UTC)
-    store: dict[int, Event] = {
-        i: owner_event(
-            {
-                "owner_id": "o",
-                "id": i,
-                "session_id": uuid.uuid4(),
-                "type": STAGE,
-                "data": {"stage": str(i)},
-                "created_at": now,
-            }
-        )
-        for i in range(1, 11)
-    }
+    store = {i: stage_event(i) for i in range(1, 11)}
     reads = 0
 
     async def head() -> tuple[int, bool]:
@@ -1178,10 +1182,118 @@ async def test_events_pruned_mid_replay_are_never_skipped_silently() -> None:
     async with asyncio.timeout(5):
         async for chunk in body:
             chunks.append(chunk)
-    frames = [parse_block(b) for b in b"".join(chunks).decode().split("\n\n") if b]
+    frames = frames_in(chunks)
     ids_ = durable_ids(frames)
     assert ids_ == list(range(1, len(ids_) + 1)), f"the stream skipped events: {ids_}"
     last = frames[-1]
     assert last.event == "resync_required" and last.id is None
     assert last.json["reason"] == "expired"
     assert last.json["fromEventId"] == str(ids_[-1] if ids_ else 0)
+
+
+# --- a process that cannot read the log ----------------------------------------------------
+
+
+@dataclass
+class UnreliableLog:
+    """An in-memory owner log whose reads fail, as the pool's do with the database away, while
+    `down`."""
+
+    events: dict[int, Event]
+    down: bool = False
+    failures: int = 0
+
+    def _reach(self) -> None:
+        if self.down:
+            self.failures += 1
+            raise psycopg.OperationalError("the database is away")
+
+    async def head(self) -> tuple[int, bool]:
+        self._reach()
+        return max(self.events), False
+
+    async def read(self, after: int, max_bytes: int) -> Page:
+        self._reach()
+        return Page([self.events[i] for i in sorted(self.events) if i > after], more=False)
+
+    def source(self) -> FeedSource:
+        return FeedSource("o:test", self.head, self.read, closable=False)
+
+
+async def collect(body: AsyncIterator[bytes], into: list[bytes]) -> None:
+    async for chunk in body:
+        into.append(chunk)
+
+
+async def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+def unreliable_hub(outage_close: float) -> FeedHub:
+    """A hub whose fallback poll wakes its feeds to read every 0.05 s."""
+    bus = Bus("postgresql://unused.invalid/none", [STREAMS_CHANNEL])
+    return FeedHub(bus, poll_interval=0.05, outage_close=outage_close)
+
+
+LIVE = StreamOptions(ping_interval=30, retry_ms=2000)
+
+
+async def test_streams_close_once_the_log_is_unreadable_for_the_outage_bound() -> None:
+    """FERRYMAN_STREAM_OUTAGE_CLOSE: once a process's reads of the log have failed that long,
+    its streams end (cleanly: the client reconnects from its last event, elsewhere). A stream
+    that opens once the log can be read again starts a feed of its own and goes on from its
+    cursor."""
+    log = UnreliableLog({i: stage_event(i) for i in (1, 2)})
+    hub = unreliable_hub(outage_close=0.5)
+    chunks: list[bytes] = []
+    shutdown = asyncio.Event()  # one a process: the hub watches the first it is given
+    body = event_stream("owner", hub, log.source(), 0, LIVE, shutdown)
+    stream = asyncio.create_task(collect(body, chunks))
+    await wait_until(lambda: any(f.event == "caught_up" for f in frames_in(chunks)))
+    log.down = True
+    down_at = time.monotonic()
+    await asyncio.wait_for(stream, 5)
+    closed_after = time.monotonic() - down_at
+    assert closed_after >= 0.5, f"closed {closed_after:.2f}s into the outage"
+    assert log.failures >= 2
+    assert durable_ids(frames_in(chunks)) == [1, 2]
+    assert not hub.feeds
+
+    log.down = False
+    log.events[3] = stage_event(3)
+    again: list[bytes] = []
+    body = event_stream("owner", hub, log.source(), 2, LIVE, shutdown)
+    stream = asyncio.create_task(collect(body, again))
+    try:
+        await wait_until(lambda: durable_ids(frames_in(again)) == [3])
+    finally:
+        shutdown.set()
+        await asyncio.wait_for(stream, 5)
+
+
+async def test_a_short_outage_closes_no_stream() -> None:
+    """Reads that fail for less than FERRYMAN_STREAM_OUTAGE_CLOSE (a database restart) close
+    no stream: it delivers what was written meanwhile, and stays open past the bound."""
+    log = UnreliableLog({1: stage_event(1)})
+    hub = unreliable_hub(outage_close=1.0)
+    chunks: list[bytes] = []
+    shutdown = asyncio.Event()
+    body = event_stream("owner", hub, log.source(), 0, LIVE, shutdown)
+    stream = asyncio.create_task(collect(body, chunks))
+    try:
+        await wait_until(lambda: any(f.event == "caught_up" for f in frames_in(chunks)))
+        log.down = True
+        await wait_until(lambda: log.failures >= 2)
+        await asyncio.sleep(0.3)
+        log.down = False
+        log.events[2] = stage_event(2)
+        await wait_until(lambda: durable_ids(frames_in(chunks)) == [1, 2])
+        await asyncio.sleep(1.5)  # past the bound, counted from the first failure
+        assert not stream.done(), "a short outage closed the stream"
+    finally:
+        shutdown.set()
+        await asyncio.wait_for(stream, 5)

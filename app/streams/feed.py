@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter
 
-from app.backoff import Backoff
+from app.backoff import Backoff, Outage
 from app.bus import Bus
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.streams.frames import (
@@ -85,6 +86,38 @@ class FeedSource:
     # only then is it checked after each batch, from the page read when that could tell (one
     # read a wake-up, not two), else from the head.
     closable: bool = True
+
+
+class LogReads:
+    """Whether this process can read the logs, from how its feeds' reads end. Once they have
+    failed for `give_up_after` s with none succeeding in between, it cannot serve its streams:
+    `give_up` ends them, so that their clients reconnect from their last event (through a load
+    balancer, to a host that can read) instead of waiting on this one. A lost NOTIFY, one failed
+    read or a database restart of a second ends nothing: the next read succeeds first."""
+
+    def __init__(self, give_up_after: float, give_up: Callable[[], None]) -> None:
+        self.give_up_after = give_up_after
+        self.give_up = give_up
+        self.failing_since: float | None = None
+        self.outage = Outage(log, "the streams' reads of the log (the database)")
+
+    def failed(self, exc: BaseException) -> None:
+        self.outage.failed(exc)
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        elif now - self.failing_since >= self.give_up_after:
+            log.warning(
+                "the log unreadable for %.1f s: this process closes its streams",
+                now - self.failing_since,
+            )
+            # The streams that open later have as long again.
+            self.failing_since = None
+            self.give_up()
+
+    def succeeded(self) -> None:
+        self.failing_since = None
+        self.outage.recovered()
 
 
 class Tail(Generic[T]):
@@ -153,8 +186,16 @@ class Follower:
 
 
 class Feed:
-    def __init__(self, source: FeedSource, *, buffer_bytes: int, write_bytes: int) -> None:
+    def __init__(
+        self,
+        source: FeedSource,
+        *,
+        buffer_bytes: int,
+        write_bytes: int,
+        reads: LogReads | None = None,
+    ) -> None:
         self.source = source
+        self.reads = reads
         # What one stream takes at a time, from memory or the database: one write's worth, so a
         # stream that cannot send holds no more than that (and its write).
         self.write_bytes = write_bytes
@@ -162,6 +203,8 @@ class Feed:
         self.head = 0  # newest id this feed has read
         self.closed = False  # the feed's subject is gone (a deleted session)
         self.ready = asyncio.Event()
+        # Set when this process gave up reading the log (`LogReads`): the streams end.
+        self.unreadable = asyncio.Event()
         # Bumped at every change. A stream notes it before checking, then parks until the next
         # one (`park`). A waiter is one future per stream, woken straight from here: one
         # callback (its task's wake-up) per stream and announce, and no per-wait closure or
@@ -323,6 +366,12 @@ class Feed:
             self._ticker.cancel()
             self._ticker = None
 
+    def give_up(self) -> None:
+        """This process cannot read the log: wake the streams to end, and stop."""
+        self.unreadable.set()
+        self._announce(push=False)
+        self.close()
+
     def close(self) -> None:
         """Stop, and let go of the buffered frames now: the cancelled task's traceback keeps
         this feed alive in a reference cycle until the cycle collector runs, maybe much later."""
@@ -346,28 +395,42 @@ class Feed:
         """The next events after `cursor`, a write's worth at most, from memory when possible."""
         events = self.since(cursor)
         if events is None:
-            events = (await self.source.read(cursor, self.write_bytes)).events
+            events = (await self._read(cursor)).events
         return events
+
+    async def _read(self, cursor: int) -> Page:
+        return await self._reported(self.source.read(cursor, self.write_bytes))
+
+    async def _reported(self, read: Awaitable[T]) -> T:
+        """`read` of the database, its outcome told to `reads`."""
+        try:
+            got = await read
+        except UNAVAILABLE_ERRORS as exc:
+            if self.reads is not None:
+                self.reads.failed(exc)
+            raise
+        if self.reads is not None:
+            self.reads.succeeded()
+        return got
 
     async def run(self) -> None:
         backoff = Backoff()
         while True:
             try:
                 if not self.ready.is_set():
-                    self.head, self.closed = await self.source.head()
+                    self.head, self.closed = await self._reported(self.source.head())
                     self.ready.set()
                 await self._catch_up()
                 backoff.reset()
                 # Woken by a notification, or by the hub's fallback poll.
                 await self._wake.wait()
                 self._wake.clear()
-            except UNAVAILABLE_ERRORS as exc:
-                log.warning("feed %s cannot read the database: %s", self.source.key, exc)
+            except UNAVAILABLE_ERRORS:
                 await backoff.wait()
 
     async def _catch_up(self) -> None:
         while True:
-            page = await self.source.read(self.head, self.write_bytes)
+            page = await self._read(self.head)
             for event in page.events:
                 self.buffer.append(event.id, event, event.size)
             if page.events:
@@ -378,7 +441,7 @@ class Feed:
         if self.source.closable and not self.closed:
             closed = page.closed
             if closed is None:
-                _, closed = await self.source.head()
+                _, closed = await self._reported(self.source.head())
             if closed:
                 self.closed = True
                 self._announce()
@@ -406,7 +469,9 @@ class FeedHub:
     `heads`, the poll wakes every feed, and each reads for itself.
 
     `shortcuts` (FERRYMAN_STREAM_SHORTCUTS): whether its streams may be written to directly and
-    the process's heap trimmed after feeds go (app/streams/shortcuts.py)."""
+    the process's heap trimmed after feeds go (app/streams/shortcuts.py). `outage_close`
+    (FERRYMAN_STREAM_OUTAGE_CLOSE): how long its reads may fail before it closes its streams
+    (`LogReads`)."""
 
     def __init__(
         self,
@@ -417,8 +482,10 @@ class FeedHub:
         poll_interval: float = 5.0,
         heads: Heads | None = None,
         shortcuts: bool = True,
+        outage_close: float = 10.0,
     ) -> None:
         self.bus = bus
+        self.reads = LogReads(outage_close, self._give_up)
         self.shortcuts = shortcuts
         self._malloc_trim = malloc_trim() if shortcuts else None
         self.buffer_bytes = buffer_bytes
@@ -444,11 +511,19 @@ class FeedHub:
                 try:
                     heads = await self.heads([feed.source.key for feed in feeds])
                 except UNAVAILABLE_ERRORS as exc:
-                    log.warning("feeds cannot poll the database: %s", exc)
+                    self.reads.failed(exc)
                     continue
+                self.reads.succeeded()
                 moved = [feed for feed in feeds if _moved(feed, heads.get(feed.source.key))]
             for feed in moved:
                 feed.wake()
+
+    def _give_up(self) -> None:
+        """Close every stream: this process cannot read the log. A stream that opens later
+        starts a feed of its own."""
+        feeds, self.feeds = self.feeds, {}
+        for feed in feeds.values():
+            feed.give_up()
 
     def watch_shutdown(self, shutdown: asyncio.Event) -> None:
         """Wake every feed's streams once `shutdown` is set, so that a stream waits on its feed
@@ -472,7 +547,12 @@ class FeedHub:
         streams at least that often (their keep-alive)."""
         feed = self.feeds.get(source.key)
         if feed is None:
-            feed = Feed(source, buffer_bytes=self.buffer_bytes, write_bytes=self.write_bytes)
+            feed = Feed(
+                source,
+                buffer_bytes=self.buffer_bytes,
+                write_bytes=self.write_bytes,
+                reads=self.reads,
+            )
             self.feeds[source.key] = feed
             self._poll_soon()
             feed.subscription.enter_context(self.bus.subscribe(source.key, feed.wake))
@@ -485,7 +565,8 @@ class FeedHub:
         finally:
             feed.subscribers -= 1
             if feed.subscribers == 0:
-                self.feeds.pop(source.key, None)
+                if self.feeds.get(source.key) is feed:  # not given up (`_give_up`)
+                    del self.feeds[source.key]
                 feed.close()
                 self._give_back_memory_soon()
 

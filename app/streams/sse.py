@@ -1,6 +1,7 @@
 """One SSE stream: replay the backlog after the client's cursor, say `caught_up`, then follow the
-feed live with keep-alive pings until the client leaves, the subject is deleted or the process
-shuts down."""
+feed live with keep-alive pings until the client leaves, the subject is deleted, the process
+shuts down, or it has been unable to read the log for FERRYMAN_STREAM_OUTAGE_CLOSE
+(`feed.LogReads`: the response ends, and the client reconnects from its last event)."""
 
 from __future__ import annotations
 
@@ -110,12 +111,16 @@ async def event_stream(
         yield retry(options.retry_ms)
         hub.watch_shutdown(shutdown)
         async with hub.attach(source, tick_interval=options.ping_interval) as feed:
-            if not await wait_any(feed.ready, shutdown, timeout=options.ping_interval):
+            if not await wait_any(
+                feed.ready, feed.unreadable, shutdown, timeout=options.ping_interval
+            ):
                 yield PING
-                await wait_any(feed.ready, shutdown, timeout=3600)
+                await wait_any(feed.ready, feed.unreadable, shutdown, timeout=3600)
             start, replayed, backoff = cursor, 0, Backoff()
             settled = 0  # the last turn end sent (`in_order`)
             while not shutdown.is_set():
+                if feed.unreadable.is_set():
+                    return
                 try:
                     events = await feed.read(cursor)
                 except UNAVAILABLE_ERRORS:
@@ -145,6 +150,8 @@ async def event_stream(
             )
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
+                if feed.unreadable.is_set():
+                    return
                 generation = feed.generation
                 if follower.unsent:  # taken while parked, and no direct write could send it
                     frames, follower.unsent = follower.unsent, []
@@ -157,7 +164,7 @@ async def event_stream(
                             events = await feed.read(follower.cursor)
                         except UNAVAILABLE_ERRORS:
                             # The database is away: keep the connection, keep pinging, read
-                            # again.
+                            # again (until the feed gives up: `feed.unreadable`).
                             events = []
                             await asyncio.sleep(min(options.ping_interval, 1.0))
                         taken = feed.take(follower, events)

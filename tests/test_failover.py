@@ -44,16 +44,22 @@ PROMOTE_AFTER = float(os.environ.get("FAILOVER_PROMOTE_AFTER", "3"))
 RECOVERY_BOUND = 60.0  # from the primary's loss to every session ended
 
 
-@pytest.fixture
-def pair() -> Iterator[ReplicatedPair]:
+@contextlib.contextmanager
+def replicated_pair(synchronous: bool) -> Iterator[ReplicatedPair]:
     if not (BIN / "pg_basebackup").exists():
         missing("PostgreSQL 15 server binaries", "apt-get install postgresql-15")
-    pair = ReplicatedPair(synchronous=True)
+    pair = ReplicatedPair(synchronous=synchronous)
     try:
         pair.start()
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    with replicated_pair(synchronous=True) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -221,14 +227,8 @@ async def fail_over_under_load(
 
 @pytest.fixture
 def async_pair() -> Iterator[ReplicatedPair]:
-    if not (BIN / "pg_basebackup").exists():
-        missing("PostgreSQL 15 server binaries", "apt-get install postgresql-15")
-    pair = ReplicatedPair(synchronous=False)
-    try:
-        pair.start()
+    with replicated_pair(synchronous=False) as pair:
         yield pair
-    finally:
-        pair.close()
 
 
 def cut_replication(pair: ReplicatedPair) -> None:

@@ -19,6 +19,7 @@ from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import owner_key, session_key
+from app.streams.chunks import session_chunks
 from app.streams.feed import FeedSource, Page
 from app.streams.frames import (
     owner_event,
@@ -26,6 +27,7 @@ from app.streams.frames import (
     resync_reason,
     rewound,
     session_event,
+    split_chunk,
 )
 from app.streams.shortcuts import uvicorn_direct_write
 from app.streams.sse import DirectWrites, StreamOptions, event_stream, resync_stream
@@ -138,7 +140,7 @@ def owner_source(services: Services, owner: str) -> FeedSource:
     return FeedSource(owner_key(owner), head, read, closable=False)
 
 
-def session_source(services: Services, session_id: UUID) -> FeedSource:
+def session_source(services: Services, session_id: UUID, owner: str) -> FeedSource:
     key = session_key(session_id)
 
     async def head() -> tuple[int, bool]:
@@ -150,7 +152,7 @@ def session_source(services: Services, session_id: UUID) -> FeedSource:
             return Page([], False, gone, after_epoch)
         return Page.of(rows, session_event, max_bytes, after_epoch)
 
-    return FeedSource(key, head, read)
+    return FeedSource(key, head, read, chunks=session_chunks(services.db, session_id, owner))
 
 
 @router.get(
@@ -202,9 +204,11 @@ async def stream_session_events(
     last_event_id_query: LastEventIdQuery = None,
     follow: Annotated[bool, Query(description="false: close after `caught_up`.")] = True,
 ) -> StreamingResponse:
-    """One session's log; ids are its `seq`. No cursor: replay from seq 1."""
+    """One session's log; ids are its `seq`, and `<seq>.<chunk>` on token deltas. No cursor:
+    replay from seq 1."""
     sid = parse_session_id(session_id)
-    sent = parse_cursor(last_event_id or last_event_id_query)
+    raw_cursor, chunk = split_chunk(last_event_id or last_event_id_query)
+    sent = parse_cursor(raw_cursor)
     epoch, cursor = split_position(sent or 0)
     async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, sid)
@@ -217,7 +221,7 @@ async def stream_session_events(
         if reason is not None:
             current = position(last_epoch, last_seq)
             return _sse(services, owner, resync_stream(reason, sent or 0, current, options))
-    source = session_source(services, sid)
+    source = session_source(services, sid, owner)
     direct = _direct_writes(services)
     stream = event_stream(
         "session",
@@ -228,5 +232,6 @@ async def stream_session_events(
         services.shutdown,
         direct,
         epoch if cursor > 0 else None,
+        chunk,
     )
     return _sse(services, owner, stream, direct)

@@ -84,7 +84,7 @@ export class AssistantsView {
     const generation = ++this.generation;
     const query = new URLSearchParams({limit: String(PAGE_SIZE)});
     const search = $('assistant-search').value.trim();
-    if (search) query.set('q', search);
+    if (search) query.set('name', search);
     if (pageToken) query.set('pageToken', pageToken);
     let page;
     try {
@@ -282,6 +282,10 @@ export class AssistantForm {
     button.disabled = true;
     try {
       const body = this.body();
+      if (this.editing && !Object.keys(body).length) {
+        this.dialog.close(); // nothing changed: no new version
+        return;
+      }
       const assistant = this.editing
         ? await api('PATCH', assistantPath(this.editing.id), body)
         : await api('POST', '/api/assistants', body);

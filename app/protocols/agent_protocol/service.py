@@ -309,7 +309,7 @@ async def definition_of(
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", "context", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors) from None
-    await check_tool_names(services, create)
+    await check_tool_names(services, create.tools, create.approvalRequired, create.settings_dict())
     return thread_store.Definition(
         model=create.model or services.settings.model,
         script=[turn.model_dump(exclude_none=True) for turn in create.script]

@@ -119,7 +119,7 @@ WHERE sessions.id = %(session_id)s;
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required)
-VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
@@ -479,6 +479,9 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.seq;
+
+-- name: set_prompt
+UPDATE sessions SET prompt = %s WHERE id = %s;
 
 -- name: set_status
 WITH updated AS (

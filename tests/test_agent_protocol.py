@@ -415,3 +415,35 @@ async def test_the_guide_example_runs(
         "answer: Done.",
         "checkpoints: 8",
     ]
+
+
+async def test_join_in_the_middle_of_a_turn(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    """The chunks a client missed while away are sent from the store, once each."""
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    script = [{"text": text, "chunks": 12, "delayMs": 2400}]
+    first: list[StreamPart] = []
+    async for part in sdk.runs.stream(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "count"}]},
+        context=context(script),
+        stream_mode=["messages-tuple"],
+    ):
+        first.append(part)
+        if len([p for p in first if p.event == "messages"]) == 3:
+            break  # the client goes away mid-turn
+    run_id = first[0].data["run_id"]
+    await asyncio.sleep(0.8)  # chunks stream meanwhile
+    rest = await collect(
+        sdk.runs.join_stream(
+            tid, run_id, stream_mode=["messages-tuple"], last_event_id=first[-1].id
+        )
+    )
+    assert rest[-1].event == "end"
+    ids = [p.id for p in first + rest]
+    assert len(set(ids)) == len(ids), ids
+    assert list(streamed_texts(first + rest).values()) == [text]

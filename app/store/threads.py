@@ -145,8 +145,11 @@ class Definition:
     title: str
 
 
-async def set_definition(conn: Connection, session_id: UUID, new: Definition) -> bool:
-    """Give an idle session that has no event yet its agent definition; whether it had none."""
+async def set_definition(
+    conn: Connection, session_id: UUID, new: Definition
+) -> dict[str, Any] | None:
+    """Give an idle session that has no event yet its agent definition: the row, or None if it
+    was not such a session."""
     cur = await conn.execute(
         _SET_DEFINITION,
         (
@@ -160,7 +163,8 @@ async def set_definition(conn: Connection, session_id: UUID, new: Definition) ->
             session_id,
         ),
     )
-    return await cur.fetchone() is not None
+    row: dict[str, Any] | None = await cur.fetchone()
+    return row
 
 
 async def run_marks(conn: Connection, session_id: UUID) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -346,26 +347,27 @@ async def start_run(
             "multitask_strategy rollback: Ferryman's log is append-only, a run's events cannot"
             " be dropped; use interrupt"
         )
-    async with services.db.connection() as conn:
-        row = await session_store.get_session(conn, owner, thread_id)
-    if row["status"] in BUSY:
-        if strategy == "reject":
+    # Checked before any lock is taken: the assistant, and the definition a first run gives.
+    definition = await definition_of(services, body, texts[0] if texts else "resume")
+    if strategy == "interrupt":
+        async with services.db.transaction() as conn:
+            row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+            if row["status"] in BUSY:
+                with contextlib.suppress(SessionAlreadyTerminal):
+                    await session_store.request_cancel(conn, owner, thread_id)
+        if row["status"] in BUSY:
+            await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
+    async with services.db.transaction() as conn:
+        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+        # No run open: what is written now opens one (`fold.runs_of`).
+        opens = row["status"] not in BUSY
+        if not opens and strategy == "reject":
             raise ThreadBusy(
                 "the thread has a run in progress (multitask_strategy reject)",
                 threadStatus="busy",
             )
-        if strategy == "interrupt":
-            async with services.db.transaction() as conn:
-                with contextlib.suppress(SessionAlreadyTerminal):
-                    await session_store.request_cancel(conn, owner, thread_id)
-            await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
-    definition = None
-    if row["status"] == "idle" and int(row["last_seq"]) == 0:
-        definition = await definition_of(services, body, texts[0] if texts else "resume")
-    async with services.db.transaction() as conn:
-        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
-        if definition is not None:
-            await thread_store.set_definition(conn, thread_id, definition)
+        if row["status"] == "idle" and int(row["last_seq"]) == 0:
+            row = await thread_store.set_definition(conn, thread_id, definition) or row
         first: int | None = None
         if resume is not None:
             first = await _answer(conn, owner, row, resume)
@@ -373,7 +375,9 @@ async def start_run(
             event, _ = await session_store.post_message(conn, owner, thread_id, text)
             first = first or int(event["seq"])
         assert first is not None
-        row = await session_store.get_session(conn, owner, thread_id)
+        if opens:
+            now = datetime.now(UTC)
+            return row, fold.Run(fold.run_id(thread_id, first), first, None, "pending", now, now)
         for run in await runs_of_thread(conn, row):
             if run.start_seq <= first and (run.end_seq is None or first <= run.end_seq):
                 return row, run

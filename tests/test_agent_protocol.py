@@ -447,3 +447,26 @@ async def test_join_in_the_middle_of_a_turn(
     ids = [p.id for p in first + rest]
     assert len(set(ids)) == len(ids), ids
     assert list(streamed_texts(first + rest).values()) == [text]
+
+
+async def test_a_run_of_a_stored_assistant(
+    sdk: LangGraphClient, protocol_api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    async with httpx.AsyncClient(
+        base_url=protocol_api.url, headers={"Authorization": f"Bearer {key}"}
+    ) as http:
+        made = await http.post("/api/assistants", json={"name": "echo", "model": "scripted"})
+        assert made.status_code == 201, made.text
+        assistant = made.json()
+        tid = (await sdk.threads.create())["thread_id"]
+        values = await sdk.runs.wait(
+            tid, assistant["id"], input={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert values["messages"][-1]["content"] == "You said: hi"
+        session = (await http.get(f"/api/agent/{tid}")).json()
+        assert session["assistant"] == {"id": assistant["id"], "version": 1}
+    with pytest.raises(NotFoundError):
+        await sdk.runs.create(
+            tid, "no-such-assistant", input={"messages": [{"role": "user", "content": "x"}]}
+        )

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,11 +24,19 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError
 from langgraph_sdk.schema import StreamPart
 
-from tests.support import ServerProcess, StartWorker, assert_problem, free_port, ready
+from tests.support import (
+    ServerProcess,
+    StartWorker,
+    assert_problem,
+    create_owner_key,
+    free_port,
+    ready,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 GRAPH = "ferryman"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "langgraph.md"
 ALL_MODES = ["values", "updates", "messages-tuple", "events", "custom"]
 
 
@@ -344,3 +357,164 @@ def warnings_ignored() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+async def test_multitask_enqueue_and_interrupt(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    script = [{"toolCalls": [{"name": "sleep", "arguments": {"seconds": 2}}]}, {"text": "ok"}]
+    first = await sdk.runs.create(
+        tid, GRAPH, input={"messages": [{"role": "user", "content": "a"}]}, context=context(script)
+    )
+    # enqueue: the message steers the run in progress, which is the run it joins.
+    steered = await sdk.runs.create(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "b"}]},
+        multitask_strategy="enqueue",
+    )
+    assert steered["run_id"] == first["run_id"]
+    # interrupt: the run in progress is cancelled, a new one starts.
+    values = await sdk.runs.wait(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "c"}]},
+        multitask_strategy="interrupt",
+    )
+    humans = [m["content"] for m in values["messages"] if m["type"] == "human"]
+    assert humans == ["a", "b", "c"] and values["messages"][-1]["type"] == "ai"
+    runs = await sdk.runs.list(tid)
+    assert [r["status"] for r in runs] == ["success", "interrupted"]
+    assert runs[1]["run_id"] == first["run_id"]
+    with pytest.raises(httpx.HTTPStatusError) as rollback:
+        await sdk.runs.create(
+            tid,
+            GRAPH,
+            input={"messages": [{"role": "user", "content": "d"}]},
+            multitask_strategy="rollback",
+        )
+    assert rollback.value.response.status_code == 501
+
+
+async def test_the_guide_example_runs(
+    protocol_api: ServerProcess, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    match = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    assert match, "no python block in docs/langgraph.md"
+    env = {**os.environ, "FERRYMAN_URL": protocol_api.url}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", match.group(1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "tool call: put_note",
+        "tool call: ask_user",
+        "asked: Anything else?",
+        "streamed: Noting it.",
+        "answer: Done.",
+        "checkpoints: 8",
+    ]
+
+
+async def test_join_in_the_middle_of_a_turn(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    """The chunks a client missed while away are sent from the store, once each."""
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    script = [{"text": text, "chunks": 12, "delayMs": 2400}]
+    first: list[StreamPart] = []
+    async for part in sdk.runs.stream(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "count"}]},
+        context=context(script),
+        stream_mode=["messages-tuple"],
+    ):
+        first.append(part)
+        if len([p for p in first if p.event == "messages"]) == 3:
+            break  # the client goes away mid-turn
+    run_id = first[0].data["run_id"]
+    await asyncio.sleep(0.8)  # chunks stream meanwhile
+    rest = await collect(
+        sdk.runs.join_stream(
+            tid, run_id, stream_mode=["messages-tuple"], last_event_id=first[-1].id
+        )
+    )
+    assert rest[-1].event == "end"
+    ids = [p.id for p in first + rest]
+    assert len(set(ids)) == len(ids), ids
+    assert list(streamed_texts(first + rest).values()) == [text]
+
+
+async def test_a_run_of_a_stored_assistant(
+    sdk: LangGraphClient, protocol_api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    async with httpx.AsyncClient(
+        base_url=protocol_api.url, headers={"Authorization": f"Bearer {key}"}
+    ) as http:
+        made = await http.post("/api/assistants", json={"name": "echo", "model": "scripted"})
+        assert made.status_code == 201, made.text
+        assistant = made.json()
+        tid = (await sdk.threads.create())["thread_id"]
+        values = await sdk.runs.wait(
+            tid, assistant["id"], input={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert values["messages"][-1]["content"] == "You said: hi"
+        session = (await http.get(f"/api/agent/{tid}")).json()
+        assert session["assistant"] == {"id": assistant["id"], "version": 1}
+    with pytest.raises(NotFoundError):
+        await sdk.runs.create(
+            tid, "no-such-assistant", input={"messages": [{"role": "user", "content": "x"}]}
+        )
+
+
+async def test_a_client_that_leaves_cancels_when_it_asked(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    script = [{"toolCalls": [{"name": "sleep", "arguments": {"seconds": 60}}]}, {"text": "late"}]
+    run_id = None
+    async for part in sdk.runs.stream(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "wait"}]},
+        context=context(script),
+        stream_mode=["events"],
+        on_disconnect="cancel",
+    ):
+        run_id = run_id or part.data["run_id"]
+        if part.event == "events" and part.data["event"] == "on_tool_start":
+            break  # the client goes away
+    assert run_id is not None
+    for _ in range(200):
+        if (await sdk.runs.get(tid, run_id))["status"] == "interrupted":
+            break
+        await asyncio.sleep(0.05)
+    assert (await sdk.runs.get(tid, run_id))["status"] == "interrupted"
+
+
+async def test_another_owners_thread_is_not_found(
+    sdk: LangGraphClient, protocol_api: ServerProcess, isolated_db: str
+) -> None:
+    tid = (await sdk.threads.create())["thread_id"]
+    other = get_client(
+        url=f"{protocol_api.url}/agent-protocol", api_key=create_owner_key(isolated_db)[1]
+    )
+    with pytest.raises(NotFoundError):
+        await other.threads.get(tid)
+    with pytest.raises(NotFoundError):
+        await other.runs.list(tid)
+    assert await other.threads.search() == []
+    await other.http.client.aclose()

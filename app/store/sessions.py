@@ -183,12 +183,23 @@ async def get_session(
     return row
 
 
+async def session_row(conn: Connection, session_id: UUID) -> dict[str, Any] | None:
+    """Any session by id, whoever's, deleted or not (whether an id is taken)."""
+    cur = await conn.execute(_SESSION_BY_ID, (session_id,))
+    return await cur.fetchone()
+
+
 async def create_session(
-    conn: Connection, owner_id: str, new: NewSession, idempotency_key: str | None
+    conn: Connection,
+    owner_id: str,
+    new: NewSession,
+    idempotency_key: str | None,
+    *,
+    session_id: UUID | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Create a queued session with its opening `user_message` (seq 1), or an idle one with
     no event when `new` has no prompt; (row, created)."""
-    session_id = uuid4()
+    session_id = session_id or uuid4()
     if idempotency_key is not None:
         cur = await conn.execute(
             """

@@ -121,6 +121,12 @@ CROSS JOIN LATERAL (
     WHERE e.upto <= %(head_bytes)s) h
 ORDER BY s.created_at;
 
+-- name: count_threads
+SELECT count(*) AS n FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb);
+
 -- name: count_undelivered
 SELECT count(*) AS n FROM sessions, LATERAL (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
@@ -221,6 +227,15 @@ WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
+
+-- name: merge_thread_metadata
+UPDATE sessions SET metadata = metadata || %s, updated_at = clock_timestamp()
+WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -438,6 +453,126 @@ WHERE a.owner_id = %(owner)s AND a.deleted_at IS NULL
 ORDER BY a.created_at DESC, a.id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
+-- name: search_threads_created_at_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY created_at ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_created_at_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY created_at DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_id_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY id ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_id_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY id DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_status_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY status ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_status_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY status DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_updated_at_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY updated_at ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_updated_at_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY updated_at DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
 -- name: session_by_id
 SELECT
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -558,4 +693,22 @@ owner_cursor AS (
     RETURNING id
 )
 SELECT * FROM updated;
+
+-- name: set_thread_definition
+UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
+                    model_settings = %s, approval_required = %s, title = %s,
+                    assistant_id = %s, assistant_version = %s,
+                    updated_at = clock_timestamp()
+WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
+-- name: thread_run_marks
+SELECT seq, type, created_at, data->>'status' AS status FROM session_events
+WHERE session_id = %s AND type IN ('user_message',
+    'tool_approval_decided', 'session_end')
+ORDER BY seq;
 

@@ -12,9 +12,9 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from signal import SIGTERM  # ChildProcess.signal shadows the module in its class
 from typing import TYPE_CHECKING, Any, NoReturn
 

@@ -50,7 +50,10 @@ class Delta:
 
 def delta_of(event: Any) -> Delta:
     envelope = json.loads(event.data)
-    assert event.id == f"{envelope['afterSeq']}.{envelope['chunk']}", event.id
+    # `<seq>.<chunk>`: seq is the turn's afterSeq, or an event logged after it that the stream
+    # sent before this chunk.
+    seq, _, number = event.id.partition(".")
+    assert int(number) == envelope["chunk"] and int(seq) >= envelope["afterSeq"], event.id
     return Delta(
         event.id,
         envelope["afterSeq"],
@@ -202,3 +205,29 @@ async def test_the_sdk_resumes_a_turn_from_a_deltas_id_on_another_process(
             fold.apply(event)
     assert fold.draft is not None and draft is not None and len(fold.draft) > len(draft)
     assert fold.draft == final == TEXT
+
+
+async def test_a_message_logged_mid_turn_moves_the_chunks_ids_past_it(
+    api: ServerProcess, other_api: ServerProcess, shared_worker: WorkerProcess, key: str
+) -> None:
+    """A user's message written while the turn streams is an event after the one the turn's
+    chunks follow: the chunks sent after it take its seq in their ids, so a reconnect from one
+    neither replays the message nor misses a chunk."""
+    await ready(shared_worker)
+    async with client(api.url, key) as first, client(other_api.url, key) as second:
+        sid = await new_session(first, "go", script=SLOW_TURN)
+        before = await read(first, sid, deltas=4)
+        steer = await first.post(f"/api/agent/{sid}/messages", json={"text": "also this"})
+        assert steer.status_code == 202, steer.text
+        message_seq = int(steer.json()["message"]["seq"])
+        middle = await read(first, sid, last_event_id=before.last_id, deltas=4)
+        assert middle.types == ["user_message"]
+        assert middle.last_id is not None
+        assert middle.last_id.startswith(f"{message_seq}.")
+        after = await read(second, sid, last_event_id=middle.last_id)
+    assert "user_message" not in after.types
+    seen = before.deltas + middle.deltas + after.deltas
+    assert {d.after for d in seen} == {before.deltas[0].after}
+    assert before.deltas[0].after < message_seq
+    assert numbers(seen) == list(range(1, len(seen) + 1))
+    assert after.message == TEXT == "".join(d.text for d in seen)

@@ -241,7 +241,8 @@ class MessageDelta(Envelope):
 
 
 class CaughtUp(BaseModel):
-    """Control frame (no `id:`): the backlog is sent; live events follow."""
+    """Control frame (no `id:`): the backlog is sent (on a session stream, with the stored token
+    chunks of a turn still open at its cursor); live events follow."""
 
     replayed: int
     fromEventId: EventId

@@ -32,14 +32,14 @@ SWEEP_SECONDS = 30.0
 
 # Events after which a turn's stored chunks are never sent again: its text is in the log (or
 # dropped by it), or its run is over.
-_CLOSING = ", ".join(
-    f"'{type_}'"
-    for type_ in (
+CLOSING_TYPES = frozenset(
+    {
         SessionEventType.ASSISTANT_MESSAGE,
         SessionEventType.MODEL_RETRY,
         SessionEventType.SESSION_END,
-    )
+    }
 )
+_CLOSING = ", ".join(f"'{type_}'" for type_ in sorted(CLOSING_TYPES))
 
 
 @dataclass(frozen=True)

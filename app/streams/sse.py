@@ -17,6 +17,7 @@ from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.domain import position
 from app.errors import TooManyStreams
+from app.store.deltas import CLOSING_TYPES
 from app.streams.feed import Feed, FeedHub, FeedSource, Follower, LogRewound
 from app.streams.frames import (
     PING,
@@ -138,6 +139,11 @@ async def event_stream(
             start, replayed, backoff = cursor, 0, Backoff()
             start_position = position(epoch or 0, cursor)
             settled = 0  # the last turn end sent (`in_order`)
+            # Before the backlog and the stored chunks are read: the live deltas from here on
+            # may repeat those, and `Feed.take` drops them (`in_order`), so none is missed in
+            # between (a turn that starts streaming while the backlog is read included).
+            ephemeral_seen = feed.ephemeral_count
+            last_type: str | None = None  # of the last event replayed
             while not shutdown.is_set():
                 if feed.unreadable.is_set():
                     return
@@ -158,14 +164,13 @@ async def event_stream(
                 for chunk in event_writes(events, "backlog", feed.write_bytes):
                     yield chunk
                 replayed += len(events)
-                cursor, epoch = events[-1].id, events[-1].epoch
+                cursor, epoch, last_type = events[-1].id, events[-1].epoch, events[-1].type
                 settled = settled_by(events, settled)
-            # Before the stored chunks are read: the live ones from here on may repeat them,
-            # and `Feed.take` drops those (`in_order`), so none is missed in between.
-            ephemeral_seen = feed.ephemeral_count
             seen: Seen = (0, 0)
             if source.chunks is not None:
                 seen = (cursor, 0)
+            # No turn is open at the start of the log, nor right after one closed: no read.
+            if source.chunks is not None and cursor and last_type not in CLOSING_TYPES:
                 try:
                     turn = await source.chunks.open_turn(cursor, start, seen_chunk)
                 except UNAVAILABLE_ERRORS:

@@ -402,11 +402,17 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
 
 
 async def post_message(
-    conn: Connection, owner_id: str, session_id: UUID, text: str
+    conn: Connection,
+    owner_id: str,
+    session_id: UUID,
+    text: str,
+    *,
+    locked: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
-    one. The first message of a session created idle becomes its prompt."""
-    row = await get_session(conn, owner_id, session_id, for_update=True)
+    one. The first message of a session created idle becomes its prompt. `locked`: the
+    session's row as this transaction locked it, if the caller did (one read less)."""
+    row = locked or await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
     if not row["prompt"]:  # a prompt has at least one character: none yet
         await conn.execute(_SET_PROMPT, (text, session_id))

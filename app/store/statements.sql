@@ -697,9 +697,10 @@ SELECT * FROM updated;
 -- name: set_thread_definition
 UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
                     model_settings = %s, approval_required = %s, title = %s,
-                    assistant_id = %s, assistant_version = %s,
+                    assistant_id = %s, assistant_version = %s, prompt = %s,
                     updated_at = clock_timestamp()
-WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
+WHERE id = %s AND owner_id = %s AND deleted_at IS NULL AND status = 'idle' AND last_seq = 0
+RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,

@@ -1,0 +1,179 @@
+"""What tests/test_agent_protocol_js.py and tests/test_agent_protocol_react.py share: the npm
+packages of tests/js/agent_protocol (the official `@langchain/langgraph-sdk`, React, esbuild)
+installed by `npm ci`, and the processes the JavaScript drives: a real API server and a real
+worker on a database of their own, which a test restarts and SIGKILLs on the client's cue
+through a small control server (POST /restart-api, POST /kill-worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from tests.support import (
+    REPO,
+    WORKER_ENV,
+    ServerProcess,
+    WorkerProcess,
+    create_owner_key,
+    missing,
+    ready,
+    stop_all,
+)
+
+PACKAGE = Path(REPO) / "tests" / "js" / "agent_protocol"
+PREFIX = "/agent-protocol"
+MIN_NODE = (20, 0)  # the SDK's own floor (its p-queue and p-retry want node >= 20)
+# A killed worker's sessions are taken over once its lease lapses: short, so a test waits
+# seconds, not the default ten.
+WORKER = {**WORKER_ENV, "FERRYMAN_LEASE_TTL": "2"}
+
+
+@dataclass(frozen=True)
+class Node:
+    node: str
+    npm: str
+
+
+def node_tools(what: str) -> Node:
+    """node (new enough for the SDK) and npm, with tests/js/agent_protocol's packages installed
+    as package-lock.json pins them; a skip (a failure under CI=true) naming what is missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        missing(f"node and npm are needed for {what} (apt-get install nodejs npm)", what)
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    found = re.match(r"v(\d+)\.(\d+)\.", version)
+    if found is None or (int(found[1]), int(found[2])) < MIN_NODE:
+        wanted = ".".join(map(str, MIN_NODE))
+        missing(f"{what} needs node >= {wanted}, not {version!r}", what)
+    if not installed_as_locked(PACKAGE):
+        done = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=PACKAGE,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            missing(f"npm ci in {PACKAGE} failed:\n{done.stdout}\n{done.stderr}", what)
+    return Node(node, npm)
+
+
+def installed_as_locked(package: Path) -> bool:
+    """node_modules holds what package-lock.json pins (npm's record of the installed tree,
+    node_modules/.package-lock.json, lists the same packages), so `npm ci` would change nothing."""
+    try:
+        locked = json.loads((package / "package-lock.json").read_text())["packages"]
+        installed = json.loads((package / "node_modules" / ".package-lock.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return False
+    return bool({k: v for k, v in locked.items() if k} == installed.get("packages"))
+
+
+@dataclass
+class Stack:
+    """An API server (keys mode, no worker of its own) and one worker on `database_url`. The
+    API keeps its port across restarts, so a client reconnects to the same URL."""
+
+    database_url: str
+    api: ServerProcess = field(init=False)
+    workers: list[WorkerProcess] = field(default_factory=list, init=False)
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api = ServerProcess(
+            self.database_url, env={"FERRYMAN_AUTH": "keys", "FERRYMAN_POLL_INTERVAL": "1"}
+        )
+        self.key = create_owner_key(self.database_url)[1]
+
+    @property
+    def protocol_url(self) -> str:
+        return self.api.url + PREFIX
+
+    def start(self) -> Stack:
+        self.api.start()
+        self.spawn_worker()
+        return self
+
+    def spawn_worker(self) -> None:
+        worker = WorkerProcess(self.database_url, env=WORKER, concurrency=4).start()
+        self.workers.append(worker)
+        asyncio.run(ready(worker))
+
+    def restart_api(self) -> None:
+        self.api.stop()
+        self.api.start()
+
+    def kill_worker(self) -> None:
+        """SIGKILL the live worker and start another, which takes its sessions over."""
+        worker = self.workers.pop()
+        worker.signal(signal.SIGKILL)
+        assert worker.proc is not None
+        worker.proc.wait(10)
+        self.spawn_worker()
+
+    def stop(self) -> None:
+        stop_all(self.workers)
+        self.api.stop()
+
+    def logs(self) -> str:
+        worker = self.workers[-1].logs(3000) if self.workers else ""
+        return f"--- API\n{self.api.logs(3000)}\n--- worker\n{worker}"
+
+
+@contextlib.contextmanager
+def running_stack(database_url: str) -> Iterator[Stack]:
+    stack = Stack(database_url)
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
+
+
+@contextlib.contextmanager
+def control_server(stack: Stack) -> Iterator[str]:
+    """An HTTP server on an ephemeral port whose POSTs act on `stack` and answer once done:
+    `/restart-api` (SIGTERM the API, start it again on its port) and `/kill-worker`. Its URL."""
+    actions = {"/restart-api": stack.restart_api, "/kill-worker": stack.kill_worker}
+    lock = threading.Lock()  # one action at a time, as the processes are one set
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            action = actions.get(self.path)
+            if action is None:
+                self.send_error(404)
+                return
+            try:
+                with lock:
+                    action()
+                status, body = 200, b'{"ok": true}'
+            except Exception as error:  # the client's test fails with what went wrong
+                status, body = 500, json.dumps({"error": repr(error)}).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # quiet: the test reports what failed
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -1,0 +1,162 @@
+// What the tests share: the SDK client on the server under test, scripted assistants, the test's
+// controls (restart the API, SIGKILL the worker: tests/test_agent_protocol_js.py serves them),
+// and readers of a run's stream.
+//
+// The environment comes from tests/test_agent_protocol_js.py: FERRYMAN_AGENT_PROTOCOL_URL (the
+// protocol's root, `<server>/agent-protocol`), FERRYMAN_API_KEY and FERRYMAN_CONTROL_URL.
+
+import assert from "node:assert/strict";
+
+import { Client } from "@langchain/langgraph-sdk";
+
+export const API_URL = required("FERRYMAN_AGENT_PROTOCOL_URL");
+const API_KEY = required("FERRYMAN_API_KEY");
+const CONTROL_URL = required("FERRYMAN_CONTROL_URL");
+
+// Every mode the protocol serves, so each test sees all of them interleaved.
+export const STREAM_MODES = ["values", "updates", "messages-tuple", "events", "custom"];
+
+function required(name) {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set: run these through tests/test_agent_protocol_js.py`);
+  return value;
+}
+
+/** The official client, as an application makes it: a URL and an API key (sent as x-api-key). */
+export function client() {
+  return new Client({ apiUrl: API_URL, apiKey: API_KEY });
+}
+
+/** Ask the test to act on the processes it runs (`restart-api`, `kill-worker`); resolves once
+ * done (for `restart-api`, when the new API process answers). */
+export async function control(action) {
+  const response = await fetch(`${CONTROL_URL}/${action}`, { method: "POST" });
+  assert.equal(response.status, 200, `control ${action}: ${await response.text()}`);
+}
+
+/** A stored assistant running Ferryman's agent loop on the scripted model (SPEC section 6):
+ * `script` is its list of turns. The definition travels in the assistant's `context`, as the
+ * SDKs send an assistant's configuration. */
+export async function scriptedAssistant(sdk, name, script) {
+  const assistant = await sdk.assistants.create({
+    graphId: "agent",
+    name,
+    context: { model: "scripted", script },
+  });
+  assert.ok(assistant.assistant_id, JSON.stringify(assistant));
+  return assistant;
+}
+
+export const userMessage = (text) => ({ messages: [{ role: "user", content: text }] });
+
+/** Every event of a stream, as the SDK yields them: `{id, event, data}`. */
+export async function collect(stream, seen = []) {
+  for await (const part of stream) seen.push(part);
+  return seen;
+}
+
+/** Read a stream until `stop(part, seen)` holds (true: the part that made it is kept), then
+ * leave it, as a client that goes away does (the SDK aborts the request). */
+export async function readUntil(stream, stop) {
+  const seen = [];
+  for await (const part of stream) {
+    seen.push(part);
+    if (stop(part, seen)) return seen;
+  }
+  throw new Error(`the stream ended before the condition held: ${summary(seen)}`);
+}
+
+/** The whole of a run's stream from its first event (`Last-Event-ID: -1`, as useStream's
+ * reconnectOnMount replays a run), to compare what a client pieced together with. */
+export async function replay(sdk, threadId, runId) {
+  return collect(sdk.runs.joinStream(threadId, runId, { lastEventId: "-1" }));
+}
+
+/** A stream's events are well formed: `metadata` first, `end` last, every event with an id, no
+ * id twice. */
+export function assertWellFormed(events) {
+  assert.ok(events.length >= 2, summary(events));
+  assert.equal(events[0].event, "metadata", summary(events));
+  assert.equal(events.at(-1).event, "end", summary(events));
+  const ids = events.map((e) => e.id);
+  assert.ok(
+    ids.every((id) => typeof id === "string" && id !== ""),
+    `an event without an id: ${summary(events)}`,
+  );
+  assert.equal(new Set(ids).size, ids.length, `an id twice: ${ids.join(" ")}`);
+}
+
+/** What a client pieced together from several connections is the run's stream exactly: every
+ * event once, in order, none missing, none repeated. */
+export function assertExactlyOnce(pieced, whole) {
+  assertWellFormed(whole);
+  assert.deepEqual(
+    pieced.map((e) => e.id),
+    whole.map((e) => e.id),
+    `ids pieced together:\n${pieced.map((e) => e.id).join(" ")}\nthe run's:\n${whole.map((e) => e.id).join(" ")}`,
+  );
+  assert.deepEqual(pieced, whole);
+}
+
+/** The `metadata` event's run id. */
+export function runIdOf(events) {
+  const first = events[0];
+  assert.equal(first?.event, "metadata", summary(events));
+  assert.ok(first.data.run_id, JSON.stringify(first.data));
+  return first.data.run_id;
+}
+
+/** The token chunks of `messages-tuple` (`messages` events: `[chunk, metadata]`). */
+export function chunks(events) {
+  return events
+    .filter((e) => e.event === "messages" || e.event.startsWith("messages|"))
+    .map((e) => e.data[0]);
+}
+
+/** The text each AI message was streamed as, joined from its chunks, by message id. */
+export function streamedTexts(events) {
+  const texts = new Map();
+  for (const chunk of chunks(events)) {
+    if (typeof chunk.content !== "string" || !chunk.type?.startsWith("AIMessage")) continue;
+    texts.set(chunk.id, (texts.get(chunk.id) ?? "") + chunk.content);
+  }
+  return texts;
+}
+
+/** The names of the tool calls the chunks carry (full calls or their first call chunk). */
+export function streamedToolCalls(events) {
+  const names = [];
+  for (const chunk of chunks(events)) {
+    for (const call of [...(chunk.tool_calls ?? []), ...(chunk.tool_call_chunks ?? [])]) {
+      if (call.name) names.push(call.name);
+    }
+  }
+  return names;
+}
+
+export const isChunk = (part) => part.event === "messages" || part.event.startsWith("messages|");
+
+/** AI messages' text in a state's `messages` (content a string or a list of text blocks). */
+export function text(message) {
+  if (typeof message.content === "string") return message.content;
+  return message.content
+    .filter((block) => block.type === "text")
+    .map((block) => block.text)
+    .join("");
+}
+
+/** Wait until `check()` resolves to something truthy; that value. */
+export async function eventually(check, what, timeoutMs = 20_000) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < deadline) {
+    last = await check();
+    if (last) return last;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  throw new Error(`${what}: not so after ${timeoutMs} ms (last: ${JSON.stringify(last)})`);
+}
+
+export function summary(events) {
+  return events.map((e) => `${e.id ?? "-"}:${e.event}`).join(" ");
+}

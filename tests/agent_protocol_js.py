@@ -7,7 +7,6 @@ through a small control server (POST /restart-api, POST /kill-worker).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -15,10 +14,14 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from tests.support import (
     REPO,
@@ -27,7 +30,6 @@ from tests.support import (
     WorkerProcess,
     create_owner_key,
     missing,
-    ready,
     stop_all,
 )
 
@@ -108,7 +110,12 @@ class Stack:
     def spawn_worker(self) -> None:
         worker = WorkerProcess(self.database_url, env=WORKER, concurrency=4).start()
         self.workers.append(worker)
-        asyncio.run(ready(worker))
+        # Polled here, not with support.ready: Playwright's sync API holds this thread's loop.
+        deadline = time.monotonic() + 30
+        while "started (concurrency" not in worker.logs():
+            assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
+            assert time.monotonic() < deadline, f"worker not ready:\n{worker.logs()}"
+            time.sleep(0.05)
 
     def restart_api(self) -> None:
         self.api.stop()
@@ -177,3 +184,22 @@ def control_server(stack: Stack) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def create_assistant(stack: Stack, name: str, script: list[dict[str, Any]]) -> str:
+    """A stored assistant on the scripted model (SPEC section 6) through the protocol, as the
+    SDKs create one (the definition in `context`, as tests/js/agent_protocol/harness.mjs's
+    scriptedAssistant sends it); its id."""
+    response = httpx.post(
+        f"{stack.protocol_url}/assistants",
+        headers={"x-api-key": stack.key},
+        json={
+            "graph_id": "agent",
+            "name": name,
+            "context": {"model": "scripted", "script": script},
+        },
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    assistant_id: str = response.json()["assistant_id"]
+    return assistant_id

@@ -186,20 +186,34 @@ def control_server(stack: Stack) -> Iterator[str]:
         thread.join(10)
 
 
-def create_assistant(stack: Stack, name: str, script: list[dict[str, Any]]) -> str:
-    """A stored assistant on the scripted model (SPEC section 6) through the protocol, as the
-    SDKs create one (the definition in `context`, as tests/js/agent_protocol/harness.mjs's
-    scriptedAssistant sends it); its id."""
-    response = httpx.post(
-        f"{stack.protocol_url}/assistants",
-        headers={"x-api-key": stack.key},
-        json={
-            "graph_id": "agent",
-            "name": name,
-            "context": {"model": "scripted", "script": script},
-        },
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    assistant_id: str = response.json()["assistant_id"]
-    return assistant_id
+def protocol_http(stack: Stack) -> httpx.Client:
+    """A plain HTTP client of the protocol's root, with the stack's key as the SDKs send it."""
+    return httpx.Client(base_url=stack.protocol_url, headers={"x-api-key": stack.key}, timeout=30)
+
+
+def scripted_thread(
+    stack: Stack, name: str, script: list[dict[str, Any]], prompt: str
+) -> tuple[str, str]:
+    """A thread of a new stored assistant on the scripted model (SPEC section 6), made through
+    the protocol as tests/js/agent_protocol/harness.mjs makes them (the definition in the
+    assistant's `context`, the script in its first run's), that has answered `prompt` with the
+    script's first turn: the assistant's id and the thread's."""
+    with protocol_http(stack) as http:
+        assistant = http.post(
+            "/assistants",
+            json={"graph_id": "ferryman", "name": name, "context": {"model": "scripted"}},
+        )
+        assert assistant.status_code == 200, assistant.text
+        thread = http.post("/threads", json={"metadata": {"test": name}})
+        assert thread.status_code == 200, thread.text
+        thread_id: str = thread.json()["thread_id"]
+        run = http.post(
+            f"/threads/{thread_id}/runs/wait",
+            json={
+                "assistant_id": assistant.json()["assistant_id"],
+                "input": {"messages": [{"role": "user", "content": prompt}]},
+                "context": {"script": script},
+            },
+        )
+        assert run.status_code == 200, run.text
+    return assistant.json()["assistant_id"], thread_id

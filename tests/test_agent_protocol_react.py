@@ -30,9 +30,9 @@ import pytest
 from tests.agent_protocol_js import (
     PACKAGE,
     Stack,
-    create_assistant,
     node_tools,
     running_stack,
+    scripted_thread,
 )
 from tests.test_workbench import browser  # noqa: F401 - Debian's Chromium, one per module
 
@@ -116,10 +116,19 @@ def page(
     assert errors == [], errors
 
 
-def open_example(page: Page, served: Stack, assistant_id: str) -> None:
-    query = urlencode({"assistant": assistant_id, "key": served.key})
+GREETING = "Hello! Ask me anything."
+
+
+def open_example(page: Page, served: Stack, name: str, script: list[dict[str, Any]]) -> None:
+    """The page on a thread that has had its first exchange (the script's first turn): the
+    page reads it from the thread's state as it opens."""
+    assistant_id, thread_id = scripted_thread(
+        served, name, [{"text": GREETING}, *script], "Hi there."
+    )
+    query = urlencode({"assistant": assistant_id, "thread": thread_id, "key": served.key})
     page.goto(f"{served.api.url}{PAGE_PATH}?{query}")
-    expect(page.locator("form input")).to_be_visible()
+    expect(page.locator(".message.human .text")).to_have_text(["Hi there."])
+    expect(page.locator(".message.ai .text")).to_have_text([GREETING])
 
 
 def send(page: Page, text: str) -> None:
@@ -162,14 +171,14 @@ def test_a_streamed_reply_a_tool_call_and_a_question_answered_with_a_click(
         },
         {"text": "Oslo it is: sunny, 21 degrees.", "chunks": 6, "delayMs": 1500},
     ]
-    open_example(page, served, create_assistant(served, "weather", script))
+    open_example(page, served, "weather", script)
     send(page, "What is the weather?")
-    expect(page.locator(".message.human .text").first).to_have_text("What is the weather?")
+    expect(page.locator(".message.human .text").last).to_have_text("What is the weather?")
 
     card = page.locator(".tool-call[data-tool=put_note]")
     expect(card).to_contain_text('{"key":"city","text":"unknown"}')
     expect(card.locator(".state")).to_have_text("completed")
-    expect(page.locator(".message.ai .text").first).to_have_text("Let me look that up.")
+    expect(page.locator(".message.ai .text").nth(1)).to_have_text("Let me look that up.")
     assert_grew(page, "Let me look that up.")
 
     question = page.locator(".question")
@@ -188,36 +197,38 @@ def test_the_page_carries_on_after_the_api_server_restarts(page: Page, served: S
         {"text": LONG_REPLY, "chunks": 20, "delayMs": 8000},
         {"text": SECOND_REPLY, "chunks": 20, "delayMs": 8000},
     ]
-    open_example(page, served, create_assistant(served, "counter", script))
+    open_example(page, served, "counter", script)
 
     # The page stays open: the SDK reconnects from the last event it saw.
     send(page, "Count to ten, slowly.")
-    expect(page.locator(".message.ai .text").first).to_contain_text("one,")
+    first = page.locator(".message.ai .text").nth(1)
+    expect(first).to_contain_text("one,")
     served.restart_api()
-    expect(page.locator(".message.ai .text").first).to_have_text(LONG_REPLY, timeout=RECONNECT_MS)
+    expect(first).to_have_text(LONG_REPLY, timeout=RECONNECT_MS)
     expect(page.locator(".busy")).to_be_hidden()
-    assert ai_texts(page) == [LONG_REPLY]
+    assert ai_texts(page) == [GREETING, LONG_REPLY]
     assert_grew(page, LONG_REPLY)
-    assert all(LONG_REPLY.startswith(t) for t in shown_texts(page)), shown_texts(page)
+    # No chunk shown twice: every text the reply showed was a beginning of it.
+    counting = [t for t in shown_texts(page) if t.startswith("Counting")]
+    assert all(LONG_REPLY.startswith(t) for t in counting), counting
 
     # The page reloads after the restart: reconnectOnMount joins the run's stream again.
     assert "thread=" in page.url
     send(page, "Now count back down.")
-    expect(page.locator(".message.ai .text").nth(1)).to_contain_text("nine,")
+    second = page.locator(".message.ai .text").nth(2)
+    expect(second).to_contain_text("nine,")
     served.restart_api()
     page.reload()
-    expect(page.locator(".message.ai .text").nth(1)).to_have_text(
-        SECOND_REPLY, timeout=RECONNECT_MS
-    )
+    expect(second).to_have_text(SECOND_REPLY, timeout=RECONNECT_MS)
     expect(page.locator(".busy")).to_be_hidden()
-    assert ai_texts(page) == [LONG_REPLY, SECOND_REPLY]
+    assert ai_texts(page) == [GREETING, LONG_REPLY, SECOND_REPLY]
     humans = page.locator(".message.human .text").all_text_contents()
-    assert humans == ["Count to ten, slowly.", "Now count back down."]
+    assert humans == ["Hi there.", "Count to ten, slowly.", "Now count back down."]
     state = httpx.get(
         f"{served.protocol_url}/threads/{thread_of(page)}/state",
         headers={"x-api-key": served.key},
     ).json()
-    assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai", "human", "ai"]
+    assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"] * 3
 
 
 def thread_of(page: Page) -> str:

@@ -34,18 +34,22 @@ export async function control(action) {
   assert.equal(response.status, 200, `control ${action}: ${await response.text()}`);
 }
 
-/** A stored assistant running Ferryman's agent loop on the scripted model (SPEC section 6):
- * `script` is its list of turns. The definition travels in the assistant's `context`, as the
- * SDKs send an assistant's configuration. */
-export async function scriptedAssistant(sdk, name, script) {
+/** A stored assistant running Ferryman's agent loop (graph `ferryman`) on the scripted model
+ * (SPEC section 6); the definition travels in the assistant's `context`, as the SDKs send an
+ * assistant's configuration. The script itself is a run's: see `scripted`. */
+export async function scriptedAssistant(sdk, name) {
   const assistant = await sdk.assistants.create({
-    graphId: "agent",
+    graphId: "ferryman",
     name,
-    context: { model: "scripted", script },
+    context: { model: "scripted" },
   });
   assert.ok(assistant.assistant_id, JSON.stringify(assistant));
   return assistant;
 }
+
+/** The `context` of a thread's first run that plays `script` (the scripted model's turns):
+ * a run's context overrides its assistant's definition. */
+export const scripted = (script) => ({ context: { script } });
 
 export const userMessage = (text) => ({ messages: [{ role: "user", content: text }] });
 

@@ -21,6 +21,7 @@ import {
   readUntil,
   replay,
   runIdOf,
+  scripted,
   scriptedAssistant,
   streamedTexts,
   streamedToolCalls,
@@ -48,7 +49,7 @@ async function newThread(metadata = {}) {
 }
 
 test("an assistant and a thread: a run streams its tokens and a tool call, then state and history", async () => {
-  const assistant = await scriptedAssistant(sdk, "note-taker", NOTE_SCRIPT);
+  const assistant = await scriptedAssistant(sdk, "note-taker");
   assert.equal((await sdk.assistants.get(assistant.assistant_id)).name, "note-taker");
   const thread = await newThread({ case: "stream" });
   assert.equal((await sdk.threads.get(thread.thread_id)).metadata.case, "stream");
@@ -56,6 +57,7 @@ test("an assistant and a thread: a run streams its tokens and a tool call, then 
   const events = await collect(
     sdk.runs.stream(thread.thread_id, assistant.assistant_id, {
       input: userMessage("Remember that the sky is blue."),
+      ...scripted(NOTE_SCRIPT),
       streamMode: STREAM_MODES,
     }),
   );
@@ -113,14 +115,15 @@ test("an assistant and a thread: a run streams its tokens and a tool call, then 
 });
 
 test("an interrupt: ask_user shows as the thread's interrupt and command.resume answers it", async () => {
-  const assistant = await scriptedAssistant(sdk, "asker", [
-    { toolCalls: [{ name: "ask_user", arguments: { question: "Which colour?", options: ["red", "blue"] } }] },
-    { text: "Blue it is.", chunks: 3 },
-  ]);
+  const assistant = await scriptedAssistant(sdk, "asker");
   const thread = await newThread({ case: "interrupt" });
   const asked = await collect(
     sdk.runs.stream(thread.thread_id, assistant.assistant_id, {
       input: userMessage("Pick a colour for me."),
+      ...scripted([
+        { toolCalls: [{ name: "ask_user", arguments: { question: "Which colour?", options: ["red", "blue"] } }] },
+        { text: "Blue it is.", chunks: 3 },
+      ]),
       streamMode: ["values", "updates", "messages-tuple"],
     }),
   );
@@ -153,12 +156,11 @@ test("an interrupt: ask_user shows as the thread's interrupt and command.resume 
 });
 
 test("cancel: a run in a long tool call is cancelled and the thread says so", async () => {
-  const assistant = await scriptedAssistant(sdk, "sleeper", [
-    { toolCalls: [{ name: "sleep", arguments: { seconds: 60 } }] },
-  ]);
+  const assistant = await scriptedAssistant(sdk, "sleeper");
   const thread = await newThread({ case: "cancel" });
   const run = await sdk.runs.create(thread.thread_id, assistant.assistant_id, {
     input: userMessage("Take a long nap."),
+    ...scripted([{ toolCalls: [{ name: "sleep", arguments: { seconds: 60 } }] }]),
   });
   await eventually(
     async () => (await sdk.runs.get(thread.thread_id, run.run_id)).status === "running",
@@ -177,15 +179,15 @@ test("cancel: a run in a long tool call is cancelled and the thread says so", as
 // --- recovery: the client goes away, the process restarts or dies, the client joins again ----
 
 const LONG_REPLY = "Counting slowly: one, two, three, four, five, six, seven, eight, nine, ten.";
+const SLOW_SCRIPT = [{ text: LONG_REPLY, chunks: 20, delayMs: 6000 }];
 
 test("join after the API process restarted mid-reply: every event exactly once", async () => {
-  const assistant = await scriptedAssistant(sdk, "slow-talker", [
-    { text: LONG_REPLY, chunks: 20, delayMs: 6000 },
-  ]);
+  const assistant = await scriptedAssistant(sdk, "slow-talker");
   const thread = await newThread({ case: "api-restart" });
   const before = await readUntil(
     sdk.runs.stream(thread.thread_id, assistant.assistant_id, {
       input: userMessage("Count to ten, slowly."),
+      ...scripted(SLOW_SCRIPT),
       streamMode: STREAM_MODES,
       streamResumable: true,
     }),
@@ -208,18 +210,15 @@ test("join after the API process restarted mid-reply: every event exactly once",
 });
 
 test("the SDK's own reconnect rides out an API restart within one runs.stream", async () => {
-  const assistant = await scriptedAssistant(sdk, "slow-talker-2", [
-    { text: LONG_REPLY, chunks: 20, delayMs: 6000 },
-  ]);
+  const assistant = await scriptedAssistant(sdk, "slow-talker-2");
   const thread = await newThread({ case: "sdk-reconnect" });
   const seen = [];
   let restart;
-  const reconnects = [];
   for await (const part of sdk.runs.stream(thread.thread_id, assistant.assistant_id, {
     input: userMessage("Count to ten, slowly."),
+    ...scripted(SLOW_SCRIPT),
     streamMode: STREAM_MODES,
     streamResumable: true,
-    onReconnect: (info) => reconnects.push(info),
   })) {
     seen.push(part);
     if (restart === undefined && seen.filter(isChunk).length >= 3) restart = control("restart-api");
@@ -231,14 +230,15 @@ test("the SDK's own reconnect rides out an API restart within one runs.stream", 
 });
 
 test("join after the worker was SIGKILLed mid-tool: every event exactly once, the takeover as custom", async () => {
-  const assistant = await scriptedAssistant(sdk, "napper", [
-    { text: "A short nap first.", chunks: 3, toolCalls: [{ name: "sleep", arguments: { seconds: 4 } }] },
-    { text: "Awake again after the nap.", chunks: 5, delayMs: 500 },
-  ]);
+  const assistant = await scriptedAssistant(sdk, "napper");
   const thread = await newThread({ case: "worker-kill" });
   const before = await readUntil(
     sdk.runs.stream(thread.thread_id, assistant.assistant_id, {
       input: userMessage("Nap, then tell me."),
+      ...scripted([
+        { text: "A short nap first.", chunks: 3, toolCalls: [{ name: "sleep", arguments: { seconds: 4 } }] },
+        { text: "Awake again after the nap.", chunks: 5, delayMs: 500 },
+      ]),
       streamMode: STREAM_MODES,
       streamResumable: true,
     }),

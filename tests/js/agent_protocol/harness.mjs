@@ -94,10 +94,15 @@ export function assertWellFormed(events) {
  * event once, in order, none missing, none repeated. */
 export function assertExactlyOnce(pieced, whole) {
   assertWellFormed(whole);
+  const piecedIds = pieced.map((e) => e.id);
+  const wholeIds = whole.map((e) => e.id);
+  const missing = wholeIds.filter((id) => !piecedIds.includes(id));
+  const extra = piecedIds.filter((id) => !wholeIds.includes(id));
   assert.deepEqual(
-    pieced.map((e) => e.id),
-    whole.map((e) => e.id),
-    `ids pieced together:\n${pieced.map((e) => e.id).join(" ")}\nthe run's:\n${whole.map((e) => e.id).join(" ")}`,
+    piecedIds,
+    wholeIds,
+    `missing: ${missing.join(" ") || "none"}; not in the run's stream: ${extra.join(" ") || "none"}` +
+      ` (ids with a "." are token chunks)\npieced together: ${summary(pieced)}\nthe run's: ${summary(whole)}`,
   );
   assert.deepEqual(pieced, whole);
 }

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,13 +20,13 @@ from typing import Any
 
 import httpx
 
+from tests.npm import Node, node_tools
 from tests.support import (
     REPO,
     WORKER_ENV,
     ServerProcess,
     WorkerProcess,
     create_owner_key,
-    missing,
     stop_all,
 )
 
@@ -41,45 +38,9 @@ MIN_NODE = (20, 0)  # the SDK's own floor (its p-queue and p-retry want node >= 
 WORKER = {**WORKER_ENV, "FERRYMAN_LEASE_TTL": "2"}
 
 
-@dataclass(frozen=True)
-class Node:
-    node: str
-    npm: str
-
-
-def node_tools(what: str) -> Node:
-    """node (new enough for the SDK) and npm, with tests/js/agent_protocol's packages installed
-    as package-lock.json pins them; a skip (a failure under CI=true) naming what is missing."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        missing(f"node and npm are needed for {what} (apt-get install nodejs npm)", what)
-    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
-    found = re.match(r"v(\d+)\.(\d+)\.", version)
-    if found is None or (int(found[1]), int(found[2])) < MIN_NODE:
-        wanted = ".".join(map(str, MIN_NODE))
-        missing(f"{what} needs node >= {wanted}, not {version!r}", what)
-    if not installed_as_locked(PACKAGE):
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=PACKAGE,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            missing(f"npm ci in {PACKAGE} failed:\n{done.stdout}\n{done.stderr}", what)
-    return Node(node, npm)
-
-
-def installed_as_locked(package: Path) -> bool:
-    """node_modules holds what package-lock.json pins (npm's record of the installed tree,
-    node_modules/.package-lock.json, lists the same packages), so `npm ci` would change nothing."""
-    try:
-        locked = json.loads((package / "package-lock.json").read_text())["packages"]
-        installed = json.loads((package / "node_modules" / ".package-lock.json").read_text())
-    except (OSError, ValueError, KeyError):
-        return False
-    return bool({k: v for k, v in locked.items() if k} == installed.get("packages"))
+def sdk_node(what: str) -> Node:
+    """node and npm, with the SDK, React and esbuild installed in PACKAGE."""
+    return node_tools(PACKAGE, what, MIN_NODE)
 
 
 @dataclass

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.agent_protocol_js import PACKAGE, Node, Stack, control_server, node_tools, running_stack
+from tests.agent_protocol_js import PACKAGE, Stack, control_server, running_stack, sdk_node
+from tests.npm import Node
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.once]
 
@@ -40,7 +41,7 @@ TESTS = [
 
 @pytest.fixture(scope="module")
 def node() -> Node:
-    return node_tools(WHAT)
+    return sdk_node(WHAT)
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,9 @@ import pytest
 from tests.agent_protocol_js import (
     PACKAGE,
     Stack,
-    node_tools,
     running_stack,
     scripted_thread,
+    sdk_node,
 )
 from tests.test_workbench import browser  # noqa: F401 - Debian's Chromium, one per module
 
@@ -67,7 +67,7 @@ new MutationObserver(() => {
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example bundled: a directory with index.html and app.js."""
-    node = node_tools(WHAT)
+    node = sdk_node(WHAT)
     out = tmp_path_factory.mktemp("react-example")
     built = subprocess.run(
         [node.node, "build-react.mjs", out],

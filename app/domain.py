@@ -12,6 +12,7 @@ from typing import Any
 
 
 class Status(StrEnum):
+    IDLE = "idle"  # created without a prompt: no run until its first message
     QUEUED = "queued"
     RUNNING = "running"
     WAITING = "waiting"
@@ -21,8 +22,8 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
-# A user message re-queues a session in one of these.
-REQUEUEABLE = TERMINAL | {Status.WAITING}
+# A user message queues a session in one of these.
+REQUEUEABLE = TERMINAL | {Status.WAITING, Status.IDLE}
 
 
 # Limits of the request bodies (documented in docs/reference.md); the body size limit itself is a

@@ -21,6 +21,7 @@ from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.protocols import agent_protocol
 from app.runtime.worker import Worker
 from app.services import Services, calm_garbage_collector
 from app.store import retention
@@ -93,6 +94,8 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(tools.router)
     app.include_router(ops.router)
+    # Its own contract (the LangGraph SDKs'), not the native API's: docs/langgraph.md.
+    app.include_router(agent_protocol.router, include_in_schema=False)
 
     web.install(app)
 

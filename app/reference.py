@@ -219,6 +219,31 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         "PostgreSQL cannot be reached, or gave no connection or lock in time; with `Retry-After`.",
     ),
     ProblemCode.NOT_READY: (503, "`/readyz`: `checks.database` says `busy` or `unavailable`."),
+    ProblemCode.THREAD_EXISTS: (
+        409,
+        "Agent Protocol: a thread create with `if_exists: raise` (the default) names a"
+        " thread id that is taken.",
+    ),
+    ProblemCode.THREAD_BUSY: (
+        409,
+        "Agent Protocol: a run on a busy thread with `multitask_strategy: reject` (the default).",
+    ),
+    ProblemCode.RUN_NOT_FOUND: (404, "Agent Protocol: no such run on the caller's thread."),
+    ProblemCode.NO_PENDING_INTERRUPT: (
+        409,
+        "Agent Protocol: `command.resume` on a thread with no pending interrupt, or a resume"
+        " map naming an interrupt that is not pending.",
+    ),
+    ProblemCode.INPUT_NOT_SUPPORTED: (
+        422,
+        "Agent Protocol: run input Ferryman cannot map (a message that is not human text,"
+        " `command.goto` or `command.update`, no input and no resume).",
+    ),
+    ProblemCode.NOT_SERVED: (
+        501,
+        "Agent Protocol: a part of the protocol Ferryman does not serve (docs/langgraph.md"
+        " lists them).",
+    ),
 }
 
 

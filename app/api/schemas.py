@@ -144,7 +144,13 @@ class ModelSettings(Request):
 
 
 class CreateSession(Request):
-    prompt: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PROMPT_CHARS,
+        description="The opening message (seq 1). Unset: the session is created `idle`, with"
+        " no run until its first message, which becomes its prompt.",
+    )
     title: Title | None = None
     model: str | None = Field(
         default=None,
@@ -297,7 +303,7 @@ class Session(BaseModel):
         " (its worker crashed or lost its lease, or shut down): not follow-ups or approvals."
     )
     model: str
-    prompt: str
+    prompt: str = Field(description="The opening message; empty while the session is `idle`.")
     activeStage: str | None
     error: Annotated[
         dict[str, Any] | None,

@@ -97,7 +97,7 @@ async def create_session(
     await check_tool_names(services, body)
     new = session_store.NewSession(
         prompt=body.prompt,
-        title=body.title or default_title(body.prompt),
+        title=body.title or default_title(body.prompt or ""),
         model=body.model or services.settings.model,
         script=[turn.model_dump(exclude_none=True) for turn in body.script]
         if body.script is not None

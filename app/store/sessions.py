@@ -57,7 +57,7 @@ _CREATE_SESSION = statement(
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required)
-    VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
     """,
 )
 _LIST_SESSIONS = statement(
@@ -79,6 +79,8 @@ _RENAME = statement(
     RETURNING {SESSION_COLUMNS}
     """,
 )
+# An idle session's first message becomes its prompt.
+_SET_PROMPT = statement("set_prompt", "UPDATE sessions SET prompt = %s WHERE id = %s")
 _REQUEST_CANCEL = statement(
     "request_cancel",
     f"""
@@ -124,7 +126,7 @@ _FIRST_FIELDS = frozenset({"prompt", "title", "model", "script", "tools", "metad
 
 @dataclass(frozen=True)
 class NewSession:
-    prompt: str
+    prompt: str | None  # None: the session is created idle, with no event until a message
     title: str
     model: str
     script: list[dict[str, Any]] | None
@@ -162,11 +164,23 @@ async def get_session(
     return row
 
 
+async def session_row(conn: Connection, session_id: UUID) -> dict[str, Any] | None:
+    """Any session by id, whoever's, deleted or not (whether an id is taken)."""
+    cur = await conn.execute(_SESSION_BY_ID, (session_id,))
+    return await cur.fetchone()
+
+
 async def create_session(
-    conn: Connection, owner_id: str, new: NewSession, idempotency_key: str | None
+    conn: Connection,
+    owner_id: str,
+    new: NewSession,
+    idempotency_key: str | None,
+    *,
+    session_id: UUID | None = None,
 ) -> tuple[dict[str, Any], bool]:
-    """Create a queued session with its opening `user_message` (seq 1); (row, created)."""
-    session_id = uuid4()
+    """Create a queued session with its opening `user_message` (seq 1), or an idle one with
+    no event when `new` has no prompt; (row, created)."""
+    session_id = session_id or uuid4()
     if idempotency_key is not None:
         cur = await conn.execute(
             """
@@ -184,8 +198,9 @@ async def create_session(
             session_id,
             owner_id,
             new.title,
+            Status.IDLE if new.prompt is None else Status.QUEUED,
             new.model,
-            new.prompt,
+            new.prompt or "",
             Jsonb(new.script) if new.script is not None else None,
             Jsonb(new.tools) if new.tools is not None else None,
             Jsonb(new.metadata),
@@ -196,20 +211,22 @@ async def create_session(
     )
     row = await cur.fetchone()
     assert row is not None
-    event = await append_session_event(
-        conn,
-        session_id,
-        SessionEventType.USER_MESSAGE,
-        {"text": new.prompt, "delivery": "queued"},
-    )
-    # Re-read: the event moved last_seq and updated_at, and the answer must match a later GET.
-    cur = await conn.execute(_SESSION_BY_ID, (session_id,))
-    row = await cur.fetchone()
-    assert row is not None and row["last_seq"] == event["seq"]
+    if new.prompt is not None:
+        event = await append_session_event(
+            conn,
+            session_id,
+            SessionEventType.USER_MESSAGE,
+            {"text": new.prompt, "delivery": "queued"},
+        )
+        # Re-read: the event moved last_seq and updated_at, and the answer must match a later GET.
+        cur = await conn.execute(_SESSION_BY_ID, (session_id,))
+        row = await cur.fetchone()
+        assert row is not None and row["last_seq"] == event["seq"]
     await append_owner_event(
         conn, owner_id, session_id, OwnerEventType.SESSION_CREATED, {"session": session_view(row)}
     )
-    await notify(conn, WORK_KEY)
+    if new.prompt is not None:
+        await notify(conn, WORK_KEY)
     return row, True
 
 
@@ -311,7 +328,8 @@ async def set_status(
 
 
 async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> dict[str, Any]:
-    """Cancel: settle a queued or waiting session at once; record the request on a running one.
+    """Cancel: settle an idle, queued or waiting session at once; record the request on a
+    running one.
 
     Idempotent: a second request on a running session changes nothing.
     """
@@ -334,7 +352,7 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
         )
         await notify(conn, cancel_key(session_id))
         return updated
-    # Queued or waiting: no worker holds it, so the API settles it here, under the row lock
+    # Idle, queued or waiting: no worker holds it, so the API settles it here, under the row lock
     # that a claim would also need; a cancel that arrives before any claim always wins.
     await append_session_event(
         conn,
@@ -353,9 +371,12 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
 async def post_message(
     conn: Connection, owner_id: str, session_id: UUID, text: str
 ) -> tuple[dict[str, Any], str]:
-    """Log a follow-up message; steer a running session, re-queue a waiting or terminal one."""
+    """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
+    one. The first message of a session created idle becomes its prompt."""
     row = await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
+    if not row["prompt"]:  # a prompt has at least one character: none yet
+        await conn.execute(_SET_PROMPT, (text, session_id))
     delivery = "steer" if status == Status.RUNNING else "queued"
     event = await append_session_event(
         conn, session_id, SessionEventType.USER_MESSAGE, {"text": text, "delivery": delivery}

@@ -103,6 +103,12 @@ CROSS JOIN LATERAL (
     WHERE e.upto <= %(head_bytes)s) h
 ORDER BY s.created_at;
 
+-- name: count_threads
+SELECT count(*) AS n FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb);
+
 -- name: count_undelivered
 SELECT count(*) AS n FROM sessions, LATERAL (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
@@ -113,7 +119,7 @@ WHERE sessions.id = %(session_id)s;
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required)
-VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
@@ -176,6 +182,14 @@ SELECT count(*) AS n FROM (
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
+
+-- name: merge_thread_metadata
+UPDATE sessions SET metadata = metadata || %s, updated_at = clock_timestamp()
+WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes;
 
 -- name: owner_pages
 SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, false AS deleted, page.size
@@ -325,6 +339,118 @@ owner_cursor AS (
 SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
        (SELECT n FROM notified) AS notified;
 
+-- name: search_threads_created_at_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY created_at ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_created_at_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY created_at DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_id_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY id ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_id_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY id DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_status_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY status ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_status_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY status DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_updated_at_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY updated_at ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_updated_at_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY updated_at DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
 -- name: session_by_id
 SELECT
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -353,6 +479,9 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.seq;
+
+-- name: set_prompt
+UPDATE sessions SET prompt = %s WHERE id = %s;
 
 -- name: set_status
 WITH updated AS (
@@ -436,4 +565,20 @@ owner_cursor AS (
     RETURNING id
 )
 SELECT * FROM updated;
+
+-- name: set_thread_definition
+UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
+                    model_settings = %s, approval_required = %s, title = %s,
+                    updated_at = clock_timestamp()
+WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+
+-- name: thread_run_marks
+SELECT seq, type, created_at, data->>'status' AS status FROM session_events
+WHERE session_id = %s AND type IN ('user_message',
+    'tool_approval_decided', 'session_end')
+ORDER BY seq;
 

@@ -132,15 +132,27 @@ export function streamedTexts(events) {
   return texts;
 }
 
-/** The names of the tool calls the chunks carry (full calls or their first call chunk). */
+/** How many chunks with text each AI message was streamed in, by message id (the worker may
+ * send several of the model's tokens as one). */
+export function streamedPieces(events) {
+  const pieces = new Map();
+  for (const chunk of chunks(events)) {
+    if (!chunk.type?.startsWith("AIMessage") || !chunk.content) continue;
+    pieces.set(chunk.id, (pieces.get(chunk.id) ?? 0) + 1);
+  }
+  return pieces;
+}
+
+/** The names of the tool calls the chunks carry, once per call id (a chunk may carry a call as
+ * a whole and as its first call chunk). */
 export function streamedToolCalls(events) {
-  const names = [];
+  const names = new Map();
   for (const chunk of chunks(events)) {
     for (const call of [...(chunk.tool_calls ?? []), ...(chunk.tool_call_chunks ?? [])]) {
-      if (call.name) names.push(call.name);
+      if (call.name) names.set(call.id, call.name);
     }
   }
-  return names;
+  return [...names.values()];
 }
 
 export const isChunk = (part) => part.event === "messages" || part.event.startsWith("messages|");

@@ -26,6 +26,7 @@ from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.domain import SessionErrorCode
 from app.errors import FerrymanError, ProblemCode
+from app.store import deltas
 from app.streams import frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ SETTINGS: dict[str, str] = {
 }
 
 # Modules whose MAX_* and *LIMIT* constants bound what a client or a model may send.
-LIMIT_MODULES = (domain, schemas, config, builtin, frames)
+LIMIT_MODULES = (domain, schemas, config, builtin, frames, deltas)
 NAMED_LIMITS: dict[str, str] = {
     "MAX_PROMPT_CHARS": "A session's `prompt`, in characters.",
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
@@ -150,6 +151,13 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_QUESTION_CHARS": "An `ask_user` question, in characters (more: an error tool result).",
     "MAX_CURSOR": "`Last-Event-ID`, `lastEventId` and `after`: a decimal integer up to this"
     " (else 400 `INVALID_CURSOR`, or 422 for `after`).",
+    "MAX_CURSOR_CHUNK": "The chunk of a session stream's cursor `<seq>.<chunk>` (a token"
+    " delta's id), up to this (else 400 `INVALID_CURSOR`).",
+    "MAX_STORED_CHUNKS_PER_TURN": "Token chunks (a worker's flushes) of one turn kept for"
+    " reconnects; the turn's later chunks are sent live only (its message has the whole text).",
+    "MAX_CHUNK_AGE_SECONDS": "Stored token chunks older than this are deleted (swept every 30 s"
+    " by a worker's flush), whether or not their turn ended; a turn's chunks also go when the"
+    " session's next turn streams.",
 }
 
 # The status each code answers with (None: whichever HTTP error status it stands for).
@@ -158,7 +166,8 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.MALFORMED_JSON: (400, "The body is not valid JSON: nothing could be validated."),
     ProblemCode.INVALID_CURSOR: (
         400,
-        "`Last-Event-ID` or `lastEventId` is not a decimal integer below 2^63.",
+        "`Last-Event-ID` or `lastEventId` is not a decimal integer below 2^63 (on a session"
+        " stream: or `<seq>.<chunk>`, a token delta's id).",
     ),
     ProblemCode.INVALID_PAGE_TOKEN: (400, "A `pageToken` this server did not give out."),
     ProblemCode.AUTH_REQUIRED: (401, "Keys mode, and the request has no API key."),

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +29,7 @@ from tests.support import ServerProcess, StartWorker, assert_problem, free_port,
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 GRAPH = "ferryman"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "langgraph.md"
 ALL_MODES = ["values", "updates", "messages-tuple", "events", "custom"]
 
 
@@ -344,3 +350,100 @@ def warnings_ignored() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+async def test_multitask_enqueue_and_interrupt(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    script = [{"toolCalls": [{"name": "sleep", "arguments": {"seconds": 2}}]}, {"text": "ok"}]
+    first = await sdk.runs.create(
+        tid, GRAPH, input={"messages": [{"role": "user", "content": "a"}]}, context=context(script)
+    )
+    # enqueue: the message steers the run in progress, which is the run it joins.
+    steered = await sdk.runs.create(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "b"}]},
+        multitask_strategy="enqueue",
+    )
+    assert steered["run_id"] == first["run_id"]
+    # interrupt: the run in progress is cancelled, a new one starts.
+    values = await sdk.runs.wait(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "c"}]},
+        multitask_strategy="interrupt",
+    )
+    humans = [m["content"] for m in values["messages"] if m["type"] == "human"]
+    assert humans == ["a", "b", "c"] and values["messages"][-1]["type"] == "ai"
+    runs = await sdk.runs.list(tid)
+    assert [r["status"] for r in runs] == ["success", "interrupted"]
+    assert runs[1]["run_id"] == first["run_id"]
+    with pytest.raises(httpx.HTTPStatusError) as rollback:
+        await sdk.runs.create(
+            tid,
+            GRAPH,
+            input={"messages": [{"role": "user", "content": "d"}]},
+            multitask_strategy="rollback",
+        )
+    assert rollback.value.response.status_code == 501
+
+
+async def test_the_guide_example_runs(
+    protocol_api: ServerProcess, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    match = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    assert match, "no python block in docs/langgraph.md"
+    env = {**os.environ, "FERRYMAN_URL": protocol_api.url}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", match.group(1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "tool call: put_note",
+        "tool call: ask_user",
+        "asked: Anything else?",
+        "streamed: Noting it.",
+        "answer: Done.",
+        "checkpoints: 8",
+    ]
+
+
+async def test_join_in_the_middle_of_a_turn(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    """The chunks a client missed while away are sent from the store, once each."""
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    script = [{"text": text, "chunks": 12, "delayMs": 2400}]
+    first: list[StreamPart] = []
+    async for part in sdk.runs.stream(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "count"}]},
+        context=context(script),
+        stream_mode=["messages-tuple"],
+    ):
+        first.append(part)
+        if len([p for p in first if p.event == "messages"]) == 3:
+            break  # the client goes away mid-turn
+    run_id = first[0].data["run_id"]
+    await asyncio.sleep(0.8)  # chunks stream meanwhile
+    rest = await collect(
+        sdk.runs.join_stream(
+            tid, run_id, stream_mode=["messages-tuple"], last_event_id=first[-1].id
+        )
+    )
+    assert rest[-1].event == "end"
+    ids = [p.id for p in first + rest]
+    assert len(set(ids)) == len(ids), ids
+    assert list(streamed_texts(first + rest).values()) == [text]

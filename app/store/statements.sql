@@ -33,6 +33,12 @@ WITH bumped AS (
 )
 SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 
+-- name: chunks_after
+SELECT after_seq, chunk, text, created_at FROM session_deltas
+WHERE session_id = %(session_id)s AND after_seq = %(after_seq)s AND chunk > %(chunk)s
+    AND chunk < %(before)s
+ORDER BY chunk;
+
 -- name: claim
 WITH candidate AS (
     SELECT s.id FROM sessions s
@@ -191,6 +197,22 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes;
 
+-- name: open_turn_chunks
+WITH turn AS (
+    SELECT max(after_seq) AS after_seq FROM session_deltas
+    WHERE session_id = %(session_id)s AND after_seq <= %(cursor)s
+)
+SELECT turn.after_seq, d.chunk, d.text, d.created_at
+FROM turn LEFT JOIN session_deltas d
+    ON d.session_id = %(session_id)s AND d.after_seq = turn.after_seq
+    AND d.chunk > CASE WHEN turn.after_seq <= %(seen_seq)s THEN %(seen_chunk)s ELSE 0 END
+WHERE turn.after_seq IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM session_events e
+    WHERE e.session_id = %(session_id)s AND e.seq > turn.after_seq AND e.seq <= %(cursor)s
+        AND e.type IN ('assistant_message', 'model_retry', 'session_end')
+)
+ORDER BY d.chunk;
+
 -- name: owner_pages
 SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, false AS deleted, page.size
 FROM unnest(%(keys)s::text[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
@@ -203,6 +225,38 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
+
+-- name: publish_deltas
+WITH chunk AS (
+    SELECT * FROM unnest(
+        %(sessions)b::uuid[], %(afters)b::bigint[], %(chunks)b::integer[], %(texts)b::text[]
+    ) AS c (session_id, after_seq, chunk, text)
+), stored AS (
+    INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
+    SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
+    ON CONFLICT DO NOTHING
+), replaced AS (
+    DELETE FROM session_deltas d USING chunk c
+    WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
+)
+SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
+
+-- name: publish_deltas_and_sweep
+WITH chunk AS (
+    SELECT * FROM unnest(
+        %(sessions)b::uuid[], %(afters)b::bigint[], %(chunks)b::integer[], %(texts)b::text[]
+    ) AS c (session_id, after_seq, chunk, text)
+), stored AS (
+    INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
+    SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
+    ON CONFLICT DO NOTHING
+), replaced AS (
+    DELETE FROM session_deltas d USING chunk c
+    WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
+), swept AS (
+    DELETE FROM session_deltas WHERE created_at < %(ts)s - %(max_age)s * interval '1 second'
+)
+SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s

@@ -38,7 +38,8 @@ SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens, resumes
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version
 """
 
 
@@ -56,8 +57,9 @@ _CREATE_SESSION = statement(
     "create_session",
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
-                          instructions, model_settings, approval_required)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+                          instructions, model_settings, approval_required, assistant_id,
+                          assistant_version)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
     """,
 )
 _LIST_SESSIONS = statement(
@@ -135,14 +137,30 @@ class NewSession:
     instructions: str | None = None
     model_settings: dict[str, Any] = field(default_factory=dict)
     approval_required: list[str] | None = None
+    # The assistant version the definition was copied from.
+    assistant_id: UUID | None = None
+    assistant_version: int | None = None
+    # The request as given, hashed instead of the fields when it named an assistant: a retry
+    # after the assistant changed asked for the same thing.
+    request: dict[str, Any] | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
+        if self.request is not None:
+            return request_fingerprint(self.request)
         # Fields left at their defaults are left out, so a request hashes as it did before
         # those fields existed (a create retried across an upgrade is still a replay).
-        fields = {k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v}
-        body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(body.encode()).hexdigest()
+        return _hash({k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v})
+
+
+def request_fingerprint(request: dict[str, Any]) -> str:
+    """The fingerprint of a create that named an assistant, from its request as given."""
+    return _hash({"request": request})
+
+
+def _hash(fields: dict[str, Any]) -> str:
+    body = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -190,7 +208,9 @@ async def create_session(
             (owner_id, idempotency_key, new.fingerprint(), session_id),
         )
         if await cur.fetchone() is None:
-            return await _replay_idempotent(conn, owner_id, idempotency_key, new), False
+            replayed = await replay_idempotent(conn, owner_id, idempotency_key, new.fingerprint())
+            assert replayed is not None
+            return replayed, False
 
     cur = await conn.execute(
         _CREATE_SESSION,
@@ -207,6 +227,8 @@ async def create_session(
             new.instructions,
             Jsonb(new.model_settings),
             Jsonb(new.approval_required) if new.approval_required is not None else None,
+            new.assistant_id,
+            new.assistant_version,
         ),
     )
     row = await cur.fetchone()
@@ -230,16 +252,19 @@ async def create_session(
     return row, True
 
 
-async def _replay_idempotent(
-    conn: Connection, owner_id: str, key: str, new: NewSession
-) -> dict[str, Any]:
+async def replay_idempotent(
+    conn: Connection, owner_id: str, key: str, fingerprint: str
+) -> dict[str, Any] | None:
+    """The session an earlier create with this key made (None: no create used it), or
+    IdempotencyKeyReused when that create's request had another fingerprint."""
     cur = await conn.execute(
         "SELECT request_hash, session_id FROM idempotency_keys WHERE owner_id = %s AND key = %s",
         (owner_id, key),
     )
     found = await cur.fetchone()
-    assert found is not None
-    if found["request_hash"] != new.fingerprint():
+    if found is None:
+        return None
+    if found["request_hash"] != fingerprint:
         raise IdempotencyKeyReused()
     cur = await conn.execute(_SESSION_BY_ID, (found["session_id"],))
     row = await cur.fetchone()
@@ -277,7 +302,7 @@ async def list_sessions(
             "after_ts": after.created_at if after else None,
             "after_id": after.id if after else None,
             "limit": limit + 1,
-            "pattern": None if search is None else f"%{_like_literal(search)}%",
+            "pattern": None if search is None else f"%{like_literal(search)}%",
         },
     )
     rows = await cur.fetchall()
@@ -293,7 +318,7 @@ async def read_one_snapshot(conn: Connection) -> None:
     await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
 
-def _like_literal(text: str) -> str:
+def like_literal(text: str) -> str:
     """`text` matched literally by LIKE (whose escape character is a backslash)."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 

@@ -33,6 +33,18 @@ WITH bumped AS (
 )
 SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 
+-- name: assistant_versions
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v ON v.assistant_id = a.id
+WHERE a.id = %(id)s AND (%(before)s::integer IS NULL OR v.version < %(before)s)
+ORDER BY v.version DESC
+LIMIT %(limit)s;
+
 -- name: chunks_after
 SELECT after_seq, chunk, text, created_at FROM session_deltas
 WHERE session_id = %(session_id)s AND after_seq = %(after_seq)s AND chunk > %(chunk)s
@@ -64,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -124,19 +136,33 @@ WHERE sessions.id = %(session_id)s;
 
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
-                      instructions, model_settings, approval_required)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+                      instructions, model_settings, approval_required, assistant_id,
+                      assistant_version)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
+-- name: get_assistant
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v
+  ON v.assistant_id = a.id AND v.version = coalesce(%(version)s, a.version)
+WHERE a.id = %(id)s AND a.owner_id = %(owner)s AND a.deleted_at IS NULL;
 
 -- name: get_session
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -145,16 +171,25 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: insert_assistant_version
+INSERT INTO assistant_versions (assistant_id, version, name, description, model,
+                                instructions, model_settings, tools, approval_required,
+                                metadata)
+VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s);
 
 -- name: list_sessions
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -185,6 +220,10 @@ SELECT count(*) AS n FROM (
     WHERE stopped_at IS NULL AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
 ) live;
 
+-- name: lock_assistant
+SELECT version FROM assistants
+WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
@@ -195,7 +234,8 @@ WHERE id = %s RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -264,7 +304,8 @@ RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -272,7 +313,8 @@ WHERE id = %s RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: run_write
 WITH bumped AS (
@@ -393,12 +435,29 @@ owner_cursor AS (
 SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
        (SELECT n FROM notified) AS notified;
 
+-- name: search_assistants
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %(owner)s AND a.deleted_at IS NULL
+  AND (%(after_ts)s::timestamptz IS NULL OR (a.created_at, a.id) < (%(after_ts)s, %(after_id)s))
+  AND (%(pattern)s::text IS NULL OR v.name ILIKE %(pattern)s)
+  AND (%(exact)s::text IS NULL OR v.name = %(exact)s)
+  AND (%(metadata)s::jsonb IS NULL OR v.metadata @> %(metadata)s::jsonb)
+ORDER BY a.created_at DESC, a.id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
 -- name: search_threads_created_at_asc
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -412,7 +471,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -426,7 +486,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -440,7 +501,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -454,7 +516,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -468,7 +531,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -482,7 +546,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -496,7 +561,8 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -510,7 +576,8 @@ SELECT
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens, resumes
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -544,7 +611,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -571,7 +639,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -600,7 +669,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -628,7 +698,8 @@ WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: thread_run_marks
 SELECT seq, type, created_at, data->>'status' AS status FROM session_events

@@ -59,6 +59,15 @@ def passed(tap: str) -> list[str]:
     ]
 
 
+def failures(tap: str, lines: int = 40) -> str:
+    """The TAP report's failed tests, each with the start of what it says went wrong (a
+    deepEqual's diff runs to pages), and its summary."""
+    blocks = re.split(r"(?m)^(?=\s*# Subtest: )", tap)
+    failed = ["\n".join(b.splitlines()[:lines]) for b in blocks if re.search(r"(?m)^\s*not ok ", b)]
+    tail = "\n".join(line for line in tap.splitlines() if re.match(r"^# (tests|pass|fail)", line))
+    return "\n".join([*failed, tail])
+
+
 def test_the_javascript_sdk(node: Node, served: Stack) -> None:
     with control_server(served) as control_url:
         env = {
@@ -83,7 +92,7 @@ def test_the_javascript_sdk(node: Node, served: Stack) -> None:
             text=True,
             timeout=400,
         )
-    report = f"{result.stdout[-20000:]}\n{result.stderr[-4000:]}"
+    report = f"{failures(result.stdout)}\n{result.stderr[-4000:]}"
     report += f"\n{served.logs()}" if result.returncode else ""
     assert result.returncode == 0, f"node --test exited {result.returncode}:\n{report}"
     assert sorted(passed(result.stdout)) == sorted(TESTS), report

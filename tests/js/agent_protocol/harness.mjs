@@ -90,21 +90,72 @@ export function assertWellFormed(events) {
   assert.equal(new Set(ids).size, ids.length, `an id twice: ${ids.join(" ")}`);
 }
 
-/** What a client pieced together from several connections is the run's stream exactly: every
- * event once, in order, none missing, none repeated. */
+/** What a client pieced together from several connections is the run's stream exactly: each
+ * event once, in order, none missing, none repeated. `whole` is the run read again from its
+ * start after it ended: its durable events (a token chunk of a finished turn is not sent again:
+ * the turn's last chunk carries its text). So the pieced stream is `whole` plus token chunks,
+ * which with each turn's last chunk must join to its message's text with no gap and no repeat
+ * (`assertChunksWhole`). */
 export function assertExactlyOnce(pieced, whole) {
   assertWellFormed(whole);
-  const piecedIds = pieced.map((e) => e.id);
-  const wholeIds = whole.map((e) => e.id);
-  const missing = wholeIds.filter((id) => !piecedIds.includes(id));
-  const extra = piecedIds.filter((id) => !wholeIds.includes(id));
+  assertWellFormed(pieced);
+  const durableIds = new Set(whole.map((e) => e.id));
+  const durable = pieced.filter((e) => durableIds.has(e.id));
+  const missing = whole.filter((e) => !pieced.some((p) => p.id === e.id)).map((e) => e.id);
+  const others = pieced.filter((e) => !durableIds.has(e.id) && !isTokenChunk(e));
   assert.deepEqual(
-    piecedIds,
-    wholeIds,
-    `missing: ${missing.join(" ") || "none"}; not in the run's stream: ${extra.join(" ") || "none"}` +
-      ` (ids with a "." are token chunks)\npieced together: ${summary(pieced)}\nthe run's: ${summary(whole)}`,
+    others.map((e) => `${e.id}:${e.event}`),
+    [],
+    `events the run's stream does not have: ${summary(pieced)}\nthe run's: ${summary(whole)}`,
   );
-  assert.deepEqual(pieced, whole);
+  assert.deepEqual(
+    durable.map((e) => e.id),
+    whole.map((e) => e.id),
+    `missing: ${missing.join(" ") || "none"}\npieced together: ${summary(pieced)}\nthe run's: ${summary(whole)}`,
+  );
+  // A turn's last chunk carries the text its stream has not sent yet: all of it on a replay,
+  // the rest after chunks. Its text is checked with the chunks'.
+  assert.deepEqual(durable.map(withoutChunkText), whole.map(withoutChunkText));
+  assertChunksWhole(pieced, durableIds);
+}
+
+function withoutChunkText(part) {
+  if (!isChunk(part) || part.data[0]?.type !== "AIMessageChunk") return part;
+  const [chunk, metadata] = part.data;
+  return { ...part, data: [{ ...chunk, content: undefined }, metadata] };
+}
+
+/** A token chunk: an AI message chunk of `messages-tuple`, or its `on_chat_model_stream` twin
+ * of `events`. */
+export function isTokenChunk(part) {
+  if (isChunk(part)) return part.data[0]?.type === "AIMessageChunk";
+  return part.event === "events" && part.data?.event === "on_chat_model_stream";
+}
+
+/** Each AI message's chunks join to its text in the stream's last `values` (none lost, none
+ * twice), and `events` has the same token chunks as `messages-tuple` (those not among
+ * `durableIds`: a turn's last chunk has no `events` twin), in the same order. */
+export function assertChunksWhole(events, durableIds) {
+  const final = events.findLast((e) => e.event === "values")?.data?.messages ?? [];
+  const texts = streamedTexts(events);
+  for (const message of final.filter((m) => m.type === "ai")) {
+    if (texts.has(message.id)) assert.equal(texts.get(message.id), text(message), summary(events));
+  }
+  const tuples = events
+    .filter((e) => isChunk(e) && !durableIds.has(e.id))
+    .map((e) => e.data[0])
+    .filter((c) => c.type === "AIMessageChunk" && c.content);
+  const streamed = events
+    .filter((e) => e.event === "events" && e.data?.event === "on_chat_model_stream")
+    .map((e) => e.data.data.chunk)
+    .filter((c) => c.content);
+  if (streamed.length > 0) {
+    assert.deepEqual(
+      streamed.map((c) => [c.id, c.content]),
+      tuples.map((c) => [c.id, c.content]),
+      `events' chunks differ from messages-tuple's: ${summary(events)}`,
+    );
+  }
 }
 
 /** The `metadata` event's run id. */

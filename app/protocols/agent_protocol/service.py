@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -14,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api import schemas as native
+from app.api.definitions import resolve_session
 from app.api.sessions import _wait_terminal
-from app.api.tool_names import check_tool_names
 from app.db.pool import Connection
 from app.domain import MAX_MESSAGE_CHARS, TERMINAL, Status, default_title, rfc3339
 from app.errors import (
@@ -35,6 +37,7 @@ from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store import threads as thread_store
 from app.store.notify import session_key
+from app.store.sessions import NewSession
 from app.streams.frames import session_envelope
 
 # Where app/main.py mounts the protocol.
@@ -293,36 +296,22 @@ def _human_text(message: Any, index: int) -> str:
     return content
 
 
-async def definition_of(
-    services: Services, body: RunCreate, first_text: str
-) -> thread_store.Definition:
-    """The agent definition a run's assistant and context give a thread's first run."""
-    if body.assistant_id != GRAPH_ID:
-        # Stored assistants plug in here: their fields, overridden by the context's.
-        raise NotFound(f"no such assistant: {body.assistant_id!r} (the graph id is {GRAPH_ID!r})")
+async def definition_of(services: Services, owner: str, body: RunCreate) -> NewSession:
+    """The agent definition a thread's first run gives it: the assistant's (a stored one by
+    its id, pinned as the native API pins it; none for the graph id), overridden by what the
+    run's `config.configurable` and `context` carry, checked as a native create body."""
     given: dict[str, Any] = {}
     configurable = (body.config or {}).get("configurable") or {}
     for source in (configurable, body.context or {}):
         given.update({k: v for k, v in source.items() if k in DEFINITION_FIELDS})
+    if body.assistant_id != GRAPH_ID:
+        given["assistantId"] = body.assistant_id
     try:
-        create = native.CreateSession.model_validate({"prompt": first_text, **given})
+        create = native.CreateSession.model_validate(given)
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", "context", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors) from None
-    await check_tool_names(services, create)
-    return thread_store.Definition(
-        model=create.model or services.settings.model,
-        script=[turn.model_dump(exclude_none=True) for turn in create.script]
-        if create.script is not None
-        else None,
-        tools=create.tools,
-        instructions=create.instructions,
-        model_settings=create.modelSettings.model_dump(exclude_none=True)
-        if create.modelSettings
-        else {},
-        approval_required=create.approvalRequired,
-        title=default_title(first_text),
-    )
+    return await resolve_session(services, owner, create)
 
 
 async def start_run(
@@ -346,26 +335,28 @@ async def start_run(
             "multitask_strategy rollback: Ferryman's log is append-only, a run's events cannot"
             " be dropped; use interrupt"
         )
-    async with services.db.connection() as conn:
-        row = await session_store.get_session(conn, owner, thread_id)
-    if row["status"] in BUSY:
-        if strategy == "reject":
+    # Checked before any lock is taken: the assistant, and the definition a first run gives.
+    definition = await definition_of(services, owner, body)
+    if strategy == "interrupt":
+        async with services.db.transaction() as conn:
+            row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+            if row["status"] in BUSY:
+                with contextlib.suppress(SessionAlreadyTerminal):
+                    await session_store.request_cancel(conn, owner, thread_id)
+        if row["status"] in BUSY:
+            await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
+    async with services.db.transaction() as conn:
+        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+        # No run open: what is written now opens one (`fold.runs_of`).
+        opens = row["status"] not in BUSY
+        if not opens and strategy == "reject":
             raise ThreadBusy(
                 "the thread has a run in progress (multitask_strategy reject)",
                 threadStatus="busy",
             )
-        if strategy == "interrupt":
-            async with services.db.transaction() as conn:
-                with contextlib.suppress(SessionAlreadyTerminal):
-                    await session_store.request_cancel(conn, owner, thread_id)
-            await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
-    definition = None
-    if row["status"] == "idle" and int(row["last_seq"]) == 0:
-        definition = await definition_of(services, body, texts[0] if texts else "resume")
-    async with services.db.transaction() as conn:
-        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
-        if definition is not None:
-            await thread_store.set_definition(conn, thread_id, definition)
+        if row["status"] == "idle" and int(row["last_seq"]) == 0:
+            named = replace(definition, title=default_title(texts[0] if texts else "resume"))
+            row = await thread_store.set_definition(conn, thread_id, named) or row
         first: int | None = None
         if resume is not None:
             first = await _answer(conn, owner, row, resume)
@@ -373,7 +364,9 @@ async def start_run(
             event, _ = await session_store.post_message(conn, owner, thread_id, text)
             first = first or int(event["seq"])
         assert first is not None
-        row = await session_store.get_session(conn, owner, thread_id)
+        if opens:
+            now = datetime.now(UTC)
+            return row, fold.Run(fold.run_id(thread_id, first), first, None, "pending", now, now)
         for run in await runs_of_thread(conn, row):
             if run.start_seq <= first and (run.end_seq is None or first <= run.end_seq):
                 return row, run

@@ -182,7 +182,8 @@ test("cancel: a run in a long tool call is cancelled and the thread says so", as
 // --- recovery: the client goes away, the process restarts or dies, the client joins again ----
 
 const LONG_REPLY = "Counting slowly: one, two, three, four, five, six, seven, eight, nine, ten.";
-const SLOW_SCRIPT = [{ text: LONG_REPLY, chunks: 20, delayMs: 6000 }];
+// Slow enough that the reply is still streaming once a restart (seconds on a busy machine) is done.
+const SLOW_SCRIPT = [{ text: LONG_REPLY, chunks: 30, delayMs: 20000 }];
 
 test("join after the API process restarted mid-reply: every event exactly once", async () => {
   const assistant = await scriptedAssistant(sdk, "slow-talker");

@@ -139,7 +139,11 @@ export function assertChunksWhole(events, durableIds) {
   const final = events.findLast((e) => e.event === "values")?.data?.messages ?? [];
   const texts = streamedTexts(events);
   for (const message of final.filter((m) => m.type === "ai")) {
-    if (texts.has(message.id)) assert.equal(texts.get(message.id), text(message), summary(events));
+    if (!texts.has(message.id)) continue;
+    const pieces = events
+      .filter((e) => isChunk(e) && e.data[0].id === message.id && e.data[0].content)
+      .map((e) => `${e.id}:${JSON.stringify(e.data[0].content)}`);
+    assert.equal(texts.get(message.id), text(message), `${pieces.join(" ")} in ${summary(events)}`);
   }
   const tuples = events
     .filter((e) => isChunk(e) && !durableIds.has(e.id))

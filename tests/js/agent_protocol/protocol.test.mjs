@@ -246,7 +246,8 @@ test("join after the worker was SIGKILLed mid-tool: every event exactly once, th
       streamMode: STREAM_MODES,
       streamResumable: true,
     }),
-    (part) => part.event === "updates" && JSON.stringify(part.data).includes('"sleep"'),
+    // Mid-tool: the sleep has started (its `on_tool_start`), the client goes, the worker dies.
+    (part) => part.event === "events" && part.data.event === "on_tool_start" && part.data.name === "sleep",
   );
   const runId = runIdOf(before);
   await control("kill-worker");

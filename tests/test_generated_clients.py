@@ -18,7 +18,6 @@ CI=true, where they fail.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from typing import NoReturn
 
 import pytest
 
+from tests.npm import installed_as_locked
 from tests.support import REPO, ServerProcess, missing, running
 
 # A first run installs the generators; CI runs this on one PostgreSQL (`once`).
@@ -234,17 +234,6 @@ def test_python_client_in_local_mode_without_a_key(
 # --- TypeScript: openapi-typescript + openapi-fetch -------------------------------------------
 
 
-def node_modules_current() -> bool:
-    """node_modules holds what package-lock.json pins (npm's record of the installed tree,
-    node_modules/.package-lock.json, lists the same packages), so `npm ci` would change nothing."""
-    try:
-        locked = json.loads((TS / "package-lock.json").read_text())["packages"]
-        installed = json.loads((TS / "node_modules" / ".package-lock.json").read_text())
-    except (OSError, ValueError, KeyError):
-        return False
-    return {k: v for k, v in locked.items() if k} == installed.get("packages")
-
-
 @pytest.fixture(scope="module")
 def ts_client() -> Path:
     """tests/clients/ts built: tools installed by `npm ci` (skipped when node_modules is already
@@ -258,7 +247,7 @@ def ts_client() -> Path:
     if found is None or (int(found[1]), int(found[2])) < MIN_NODE:
         wanted = ".".join(map(str, MIN_NODE))
         unavailable(f"the TypeScript client check needs node >= {wanted}, not {version!r}")
-    if not node_modules_current():
+    if not installed_as_locked(TS):
         installed = run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=TS)
         if installed.returncode != 0:
             unavailable(f"npm ci in tests/clients/ts failed:\n{output(installed)}")

@@ -28,10 +28,11 @@ _CANCELS: set[asyncio.Task[None]] = set()
 
 
 def _run_path(request: Request, thread_id: str, run_id: str) -> str:
-    """The run's absolute URL: the SDKs resolve a path against their base URL, prefix and
-    all, so only an absolute one points back here."""
-    root = str(request.base_url).rstrip("/")
-    return f"{root}{service.PREFIX}/threads/{thread_id}/runs/{run_id}"
+    """The run's path below the protocol's root, as LangGraph's own servers send it: the JS
+    SDK appends a Location to its apiUrl as it is (`${apiUrl}${path}`: an absolute URL or a
+    path with the prefix points nowhere), and the Python SDK resolves it against its base URL,
+    prefix and all."""
+    return f"/threads/{thread_id}/runs/{run_id}"
 
 
 async def _thread_for_run(services: Services, owner: str, thread_id: str, body: RunCreate) -> UUID:
@@ -190,7 +191,8 @@ async def cancel_run(
             " cannot be dropped; cancel with action interrupt"
         )
     await service.cancel_run(services, owner, row["id"], run, wait)
-    return Response(status_code=status.HTTP_200_OK if wait else status.HTTP_202_ACCEPTED)
+    # Bodiless, so 204 (not 200): the JS SDK parses the body of anything but a 202 or a 204.
+    return Response(status_code=status.HTTP_204_NO_CONTENT if wait else status.HTTP_202_ACCEPTED)
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join")

@@ -58,6 +58,9 @@ class RunStream:
         self.seen: tuple[int, int] = (0, 0)  # the last numbered chunk folded: (after, chunk)
         self.unnumbered: dict[int, int] = {}  # protocol events of unnumbered chunks, by after
         self.deltas: list[Ephemeral] = []
+        # The chunk whose `messages` event the client saw last but not its `events` twin: sent
+        # once the event it follows is folded (its metadata counts the steps up to there).
+        self.half_seen: Ephemeral | None = None
 
     def _out(self, name: str, data: Any, position: fold.Position) -> bytes | None:
         if name == "end":
@@ -82,6 +85,9 @@ class RunStream:
             frame = self._out(name, data, (seq, 0, j))
             if frame is not None:
                 frames.append(frame)
+        if self.half_seen is not None and self.half_seen.after == seq:
+            frames.extend(self.chunk(self.half_seen))
+            self.half_seen = None
         return frames
 
     def chunk(self, delta: Ephemeral) -> list[bytes]:
@@ -115,17 +121,21 @@ class RunStream:
         )
 
     async def seen_before(self, chunks: StoredChunks | None) -> None:
-        """Fold in the stored chunks the client saw before it reconnected (its cursor is a
-        chunk's), so the turn's last chunk carries only the text it has not had."""
-        if chunks is None or self.after is None or self.after[1] != 1:
+        """Fold in the stored chunks the client saw before it reconnected, so the turn's last
+        chunk carries only the text it has not had. A chunk's cursor: the chunks up to it (the
+        one it names may have had only its `messages` event sent, not its `events` twin); a
+        durable event's: every chunk of the turn open just before that event."""
+        if chunks is None or self.after is None:
             return
-        cursor, _, k = self.after
-        turn = await chunks.open_turn(cursor, 0, 0)
+        seq, is_chunk, k = self.after
+        turn = await chunks.open_turn(seq if is_chunk else seq - 1, 0, 0)
         if turn is None:
             return
         for delta in turn[1]:
-            if delta.chunk <= (k + 1) // 2:
+            if not is_chunk or delta.chunk <= k // 2:
                 self.chunk(delta)
+            elif delta.chunk == (k + 1) // 2:
+                self.half_seen = delta
 
     async def open_turn(self, chunks: StoredChunks | None) -> list[bytes]:
         """The stored chunks of the turn open at the log's head, not folded yet."""

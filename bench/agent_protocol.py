@@ -92,6 +92,9 @@ SCRIPT: list[dict[str, Any]] = [
     {"text": "Done."},
 ]
 TOOLS = ["put_note"]
+FERRYMAN_GRAPH = "ferryman"  # the graph id of Ferryman's agent loop on its protocol surface
+ASSISTANT_CONTEXT: dict[str, Any] = {"model": "scripted", "tools": TOOLS}
+RUN_CONTEXT: dict[str, Any] = {**ASSISTANT_CONTEXT, "script": SCRIPT}
 RUN_TIMEOUT = 120.0  # seconds one run may take before it counts as failed
 
 
@@ -169,7 +172,13 @@ class ProtocolDriver:
     then a streamed run on it. The same code drives Ferryman's surface and Aegra."""
 
     def __init__(
-        self, label: str, url: str, key: str | None, assistant_id: str, modes: list[str]
+        self,
+        label: str,
+        url: str,
+        key: str | None,
+        assistant_id: str,
+        modes: list[str],
+        context: dict[str, Any] | None = None,
     ) -> None:
         from langgraph_sdk import get_client
 
@@ -178,6 +187,7 @@ class ProtocolDriver:
         self.input: dict[str, Any] = {"messages": [{"role": "user", "content": PROMPT}]}
         self.assistant_id = assistant_id
         self.modes = modes
+        self.context = context
 
     async def run(self, record: RunRecord, started: float) -> None:
         thread = await self.client.threads.create()
@@ -186,6 +196,7 @@ class ProtocolDriver:
             thread["thread_id"],
             self.assistant_id,
             input=self.input,
+            context=self.context,
             stream_mode=self.modes,  # type: ignore[arg-type]
         ):
             now = time.perf_counter() - started
@@ -292,31 +303,33 @@ class Server:
 
 
 @contextlib.contextmanager
-def ferryman_server(admin_url: str, in_flight: int, logs: Path) -> Iterator[tuple[Server, str]]:
-    """`ferryman serve` (API and worker in one process) on a fresh migrated database; the
-    server and an API key of a fresh owner."""
+def ferryman_server(
+    admin_url: str, in_flight: int, logs: Path, repo: Path
+) -> Iterator[tuple[Server, str]]:
+    """`ferryman serve` of the checkout `repo` (API and worker in one process) on a fresh
+    database, migrated by that checkout; the server and an API key of a fresh owner."""
     from app.config import Settings
-    from app.db import migrate
     from tests.support import create_owner_key
 
     with database(admin_url, "protobench_ferryman") as name:
         url = database_url(admin_url, name)
-        migrate.upgrade(url)
-        _, key = create_owner_key(url)
-        port = free_port()
-        log = logs / f"ferryman-{port}.log"
         env = {
             **os.environ,
+            "PYTHONPATH": str(repo),  # that checkout's `app`, whatever this venv installed
             "DATABASE_URL": url,
             "FERRYMAN_LOG_FORMAT": "json",
             "FERRYMAN_WORKER_CONCURRENCY": str(in_flight),
             # the shipped stream poll (the test fixtures shorten it)
             "FERRYMAN_POLL_INTERVAL": str(Settings.model_fields["poll_interval"].default),
         }
+        subprocess.run([sys.executable, "-m", "app", "migrate"], env=env, cwd=repo, check=True)
+        _, key = create_owner_key(url)
+        port = free_port()
+        log = logs / f"ferryman-{port}.log"
         command = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port"]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [*command, str(port)], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+                [*command, str(port)], env=env, cwd=repo, stdout=out, stderr=subprocess.STDOUT
             )
         server = Server("ferryman", name, proc, f"http://127.0.0.1:{port}", log)
         try:
@@ -580,30 +593,37 @@ class AssistantMaker(Protocol):
     def __call__(self, url: str, key: str) -> str: ...
 
 
-def ferryman_assistant(url: str, key: str) -> str:
-    """An assistant on Ferryman's protocol surface with the scripted definition; its id."""
+def ferryman_assistant(url: str, key: str) -> tuple[str, str]:
+    """The assistant the protocol runs use on Ferryman, and how it was found: a stored one
+    with the scripted definition when the surface stores assistants, else the graph id, with
+    the definition in each run's context. The script itself always travels in the run's
+    context (a stored assistant has no script: it stands for the model's output)."""
     from langgraph_sdk import get_sync_client
+    from langgraph_sdk.errors import APIStatusError
 
     client = get_sync_client(url=url, api_key=key)
-    assistant = client.assistants.create(
-        graph_id="ferryman",
-        name="protobench",
-        context={"model": "scripted", "script": SCRIPT, "tools": TOOLS},
-    )
-    return str(assistant["assistant_id"])
+    try:
+        assistant = client.assistants.create(
+            graph_id=FERRYMAN_GRAPH, name="protobench", context=ASSISTANT_CONTEXT
+        )
+    except APIStatusError as exc:
+        return FERRYMAN_GRAPH, f"graph id {FERRYMAN_GRAPH!r} (assistants.create: {exc})"[:200]
+    finally:
+        client.http.client.close()
+    return str(assistant["assistant_id"]), "a stored assistant"
 
 
 def protocol_served(url: str, key: str) -> str | None:
     """None if an Agent Protocol answers at `url`, else what answered instead."""
     try:
         response = httpx.post(
-            f"{url}/assistants/search", json={"limit": 1}, headers={"x-api-key": key}, timeout=10
+            f"{url}/threads/search", json={"limit": 1}, headers={"x-api-key": key}, timeout=10
         )
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     if response.status_code == 200:
         return None
-    return f"POST {url}/assistants/search answered {response.status_code}: {response.text[:200]}"
+    return f"POST {url}/threads/search answered {response.status_code}: {response.text[:200]}"
 
 
 @contextlib.contextmanager
@@ -616,7 +636,7 @@ def drivers(
         modes = args.stream_mode.split(",")
         if {"native", "protocol"} & set(systems):
             ferryman, key = stack.enter_context(
-                ferryman_server(args.database_url, args.in_flight, logs)
+                ferryman_server(args.database_url, args.in_flight, logs, Path(args.ferryman_repo))
             )
             print(f"ferryman serve: pid {ferryman.pid}, {ferryman.base_url}, log {ferryman.log}")
             if "native" in systems:
@@ -625,11 +645,12 @@ def drivers(
                 url = ferryman.base_url + args.prefix
                 missing = protocol_served(url, key)
                 if missing is None:
-                    assistant = ferryman_assistant(url, key)
-                    made["protocol"] = (
-                        ProtocolDriver(LABELS["protocol"], url, key, assistant, modes),
-                        ferryman,
+                    assistant, how = ferryman_assistant(url, key)
+                    print(f"protocol runs use {how}")
+                    driver = ProtocolDriver(
+                        LABELS["protocol"], url, key, assistant, modes, RUN_CONTEXT
                     )
+                    made["protocol"] = (driver, ferryman)
                 else:
                     print(
                         f"SKIPPED protocol: this build serves no Agent Protocol at {url}: {missing}"
@@ -647,8 +668,8 @@ def drivers(
         try:
             yield made
         finally:
-            for driver, _ in made.values():
-                loop.run_until_complete(driver.close())
+            for used, _ in made.values():
+                loop.run_until_complete(used.close())
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -763,6 +784,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             help="the protocol runs' stream modes (what useStream asks for)",
         )
         command.add_argument("--prefix", default="/agent-protocol", help="Ferryman's protocol path")
+        command.add_argument(
+            "--ferryman-repo",
+            default=str(REPO),
+            help="the checkout whose `ferryman serve` runs (another worktree: before and after)",
+        )
         command.add_argument(
             "--database-url",
             default=os.environ.get("DATABASE_URL") or DEFAULT_ADMIN_URL,

@@ -20,6 +20,8 @@ class ProblemCode(StrEnum):
     LOCAL_MODE_NOT_LOCAL = "LOCAL_MODE_NOT_LOCAL"
     NOT_FOUND = "NOT_FOUND"
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+    ASSISTANT_NOT_FOUND = "ASSISTANT_NOT_FOUND"
+    ASSISTANT_LIMIT_REACHED = "ASSISTANT_LIMIT_REACHED"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
@@ -34,6 +36,13 @@ class ProblemCode(StrEnum):
     INTERNAL_ERROR = "INTERNAL_ERROR"
     DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
     NOT_READY = "NOT_READY"
+    # The Agent Protocol (app/protocols/agent_protocol).
+    THREAD_EXISTS = "THREAD_EXISTS"
+    THREAD_BUSY = "THREAD_BUSY"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    NO_PENDING_INTERRUPT = "NO_PENDING_INTERRUPT"
+    INPUT_NOT_SUPPORTED = "INPUT_NOT_SUPPORTED"
+    NOT_SERVED = "NOT_SERVED"
 
 
 class FerrymanError(Exception):
@@ -56,6 +65,17 @@ class SessionNotFound(NotFound):
 
     def __init__(self) -> None:
         super().__init__("no such session")
+
+
+class AssistantNotFound(NotFound):
+    code = ProblemCode.ASSISTANT_NOT_FOUND
+
+    def __init__(self, detail: str = "no such assistant") -> None:
+        super().__init__(detail)
+
+
+class AssistantLimitReached(FerrymanError):
+    status, code, title = 409, ProblemCode.ASSISTANT_LIMIT_REACHED, "Conflict"
 
 
 class SessionAlreadyTerminal(FerrymanError):
@@ -103,6 +123,37 @@ class TooManyStreams(FerrymanError):
             " (FERRYMAN_MAX_STREAMS_PER_OWNER); close one, then retry",
             limit=limit,
         )
+
+
+class ThreadExists(FerrymanError):
+    status, code, title = 409, ProblemCode.THREAD_EXISTS, "Conflict"
+
+
+class ThreadBusy(FerrymanError):
+    status, code, title = 409, ProblemCode.THREAD_BUSY, "Conflict"
+
+
+class RunNotFound(NotFound):
+    code = ProblemCode.RUN_NOT_FOUND
+
+    def __init__(self) -> None:
+        super().__init__("no such run on this thread")
+
+
+class NoPendingInterrupt(FerrymanError):
+    status, code, title = 409, ProblemCode.NO_PENDING_INTERRUPT, "Conflict"
+
+
+class InputNotSupported(FerrymanError):
+    status, code, title = 422, ProblemCode.INPUT_NOT_SUPPORTED, "Unprocessable Content"
+
+    def __init__(self, detail: str, field: str = "body") -> None:
+        errors = [{"field": field, "message": detail, "type": "not_supported"}]
+        super().__init__(detail, errors=errors)
+
+
+class NotServed(FerrymanError):
+    status, code, title = 501, ProblemCode.NOT_SERVED, "Not Implemented"
 
 
 class FenceRefused(Exception):

@@ -16,11 +16,12 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from app import __version__, web
-from app.api import openapi, ops, problems, sessions, streams, tools
+from app.api import assistants, openapi, ops, problems, sessions, streams, tools
 from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.protocols import agent_protocol
 from app.runtime.worker import Worker
 from app.services import Services, calm_garbage_collector
 from app.store import retention
@@ -92,7 +93,10 @@ def create_app(
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)
     app.include_router(tools.router)
+    app.include_router(assistants.router)
     app.include_router(ops.router)
+    # Its own contract (the LangGraph SDKs'), not the native API's: docs/langgraph.md.
+    app.include_router(agent_protocol.router, include_in_schema=False)
 
     web.install(app)
 

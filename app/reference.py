@@ -26,6 +26,7 @@ from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.domain import SessionErrorCode
 from app.errors import FerrymanError, ProblemCode
+from app.store import deltas
 from app.streams import frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ SETTINGS: dict[str, str] = {
 }
 
 # Modules whose MAX_* and *LIMIT* constants bound what a client or a model may send.
-LIMIT_MODULES = (domain, schemas, config, builtin, frames)
+LIMIT_MODULES = (domain, schemas, config, builtin, frames, deltas)
 NAMED_LIMITS: dict[str, str] = {
     "MAX_PROMPT_CHARS": "A session's `prompt`, in characters.",
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
@@ -144,12 +145,25 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_INSTRUCTIONS_CHARS": "A session's `instructions`, in characters.",
     "MAX_STOP_SEQUENCES": "Strings in `modelSettings.stop`.",
     "MAX_IDEMPOTENCY_KEY_CHARS": "The `Idempotency-Key` header, in characters.",
+    "MAX_ASSISTANT_NAME_CHARS": "An assistant's `name`, in characters.",
+    "MAX_ASSISTANT_DESCRIPTION_CHARS": "An assistant's `description`, in characters.",
+    "MAX_ASSISTANTS_PER_OWNER": "An owner's assistants, deleted ones not counted (more: 409"
+    " `ASSISTANT_LIMIT_REACHED`).",
+    "MAX_ASSISTANT_VERSIONS": "Versions of one assistant (a `PATCH` past it: 409"
+    " `ASSISTANT_LIMIT_REACHED`).",
     "MAX_SLEEP_SECONDS": "The `sleep` tool's `seconds` (more: an error tool result).",
     "MAX_NOTE_KEY_CHARS": "A note's key, in characters (more: an error tool result).",
     "MAX_NOTE_CHARS": "A note's text, in characters (more: an error tool result).",
     "MAX_QUESTION_CHARS": "An `ask_user` question, in characters (more: an error tool result).",
     "MAX_CURSOR": "`Last-Event-ID`, `lastEventId` and `after`: a decimal integer up to this"
     " (else 400 `INVALID_CURSOR`, or 422 for `after`).",
+    "MAX_CURSOR_CHUNK": "The chunk of a session stream's cursor `<seq>.<chunk>` (a token"
+    " delta's id), up to this (else 400 `INVALID_CURSOR`).",
+    "MAX_STORED_CHUNKS_PER_TURN": "Token chunks (a worker's flushes) of one turn kept for"
+    " reconnects; the turn's later chunks are sent live only (its message has the whole text).",
+    "MAX_CHUNK_AGE_SECONDS": "Stored token chunks older than this are deleted (swept every 30 s"
+    " by a worker's flush), whether or not their turn ended; a turn's chunks also go when the"
+    " session's next turn streams.",
 }
 
 # The status each code answers with (None: whichever HTTP error status it stands for).
@@ -158,7 +172,8 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.MALFORMED_JSON: (400, "The body is not valid JSON: nothing could be validated."),
     ProblemCode.INVALID_CURSOR: (
         400,
-        "`Last-Event-ID` or `lastEventId` is not a decimal integer below 2^63.",
+        "`Last-Event-ID` or `lastEventId` is not a decimal integer below 2^63 (on a session"
+        " stream: or `<seq>.<chunk>`, a token delta's id).",
     ),
     ProblemCode.INVALID_PAGE_TOKEN: (400, "A `pageToken` this server did not give out."),
     ProblemCode.AUTH_REQUIRED: (401, "Keys mode, and the request has no API key."),
@@ -176,6 +191,15 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         404,
         "No such session for this owner (also a malformed id,"
         " a deleted session and another owner's).",
+    ),
+    ProblemCode.ASSISTANT_NOT_FOUND: (
+        404,
+        "No such assistant for this owner, or no such version of it (also a malformed id, a"
+        " deleted assistant and another owner's); for an `assistantId` of a session too.",
+    ),
+    ProblemCode.ASSISTANT_LIMIT_REACHED: (
+        409,
+        "A create past `MAX_ASSISTANTS_PER_OWNER`, or an edit past `MAX_ASSISTANT_VERSIONS`.",
     ),
     ProblemCode.METHOD_NOT_ALLOWED: (
         405,
@@ -219,6 +243,31 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         "PostgreSQL cannot be reached, or gave no connection or lock in time; with `Retry-After`.",
     ),
     ProblemCode.NOT_READY: (503, "`/readyz`: `checks.database` says `busy` or `unavailable`."),
+    ProblemCode.THREAD_EXISTS: (
+        409,
+        "Agent Protocol: a thread create with `if_exists: raise` (the default) names a"
+        " thread id that is taken.",
+    ),
+    ProblemCode.THREAD_BUSY: (
+        409,
+        "Agent Protocol: a run on a busy thread with `multitask_strategy: reject` (the default).",
+    ),
+    ProblemCode.RUN_NOT_FOUND: (404, "Agent Protocol: no such run on the caller's thread."),
+    ProblemCode.NO_PENDING_INTERRUPT: (
+        409,
+        "Agent Protocol: `command.resume` on a thread with no pending interrupt, or a resume"
+        " map naming an interrupt that is not pending.",
+    ),
+    ProblemCode.INPUT_NOT_SUPPORTED: (
+        422,
+        "Agent Protocol: run input Ferryman cannot map (a message that is not human text,"
+        " `command.goto` or `command.update`, no input and no resume).",
+    ),
+    ProblemCode.NOT_SERVED: (
+        501,
+        "Agent Protocol: a part of the protocol Ferryman does not serve (docs/langgraph.md"
+        " lists them).",
+    ),
 }
 
 

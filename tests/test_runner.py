@@ -529,7 +529,7 @@ async def read_frames(response: httpx.Response) -> Any:
                 yield frame
 
 
-async def test_message_deltas_stream_live_without_ids(
+async def test_message_deltas_stream_live_with_chunk_ids(
     api: ServerProcess, key: str, shared_worker: WorkerProcess
 ) -> None:
     await ready(shared_worker)
@@ -553,21 +553,23 @@ async def test_message_deltas_stream_live_without_ids(
                     break
     deltas = [f for f in frames if f.get("event") == "message_delta"]
     assert len(deltas) >= 2, frames
-    for delta in deltas:
-        assert "id" not in delta
+    for number, delta in enumerate(deltas, 1):
         envelope = json.loads(delta["data"])
+        # `<afterSeq>.<chunk>`: a reconnect from it gets the chunks after this one.
+        assert delta["id"] == f"{envelope['afterSeq']}.{number}"
+        assert envelope["chunk"] == number
         assert envelope["type"] == "message_delta"
         assert envelope["sessionId"] == sid
         assert envelope["phase"] == "live"
     assert "".join(json.loads(d["data"])["data"]["text"] for d in deltas) == text
-    # Deltas come before the durable message that carries the whole text, and move no cursor.
+    # Deltas come before the durable message that carries the whole text.
     answer = next(
         i
         for i, f in enumerate(frames)
         if f.get("event") == "assistant_message" and json.loads(f["data"])["data"]["text"] == text
     )
     assert max(i for i, f in enumerate(frames) if f.get("event") == "message_delta") < answer
-    durable = [int(f["id"]) for f in frames if "id" in f]
+    durable = [int(f["id"]) for f in frames if "id" in f and "." not in f["id"]]
     assert durable == list(range(1, len(durable) + 1))
 
 

@@ -724,14 +724,18 @@ async def test_resync_expired(
         assert frames[-1].json == {"replayed": 1, "fromEventId": "4", "cursor": "5"}
 
 
-@pytest.mark.parametrize("bad", ["abc", "-1", "1.5", "\uff11\uff12", "99999999999999999999"])
+@pytest.mark.parametrize("bad", ["abc", "-1", "1.5", "1.x", "\uff11\uff12", "99999999999999999999"])
 async def test_invalid_cursor_is_a_client_error(
     server: ServerProcess, owner_key: tuple[str, str], bad: str
 ) -> None:
     _, key = owner_key
     async with client(server.url, key) as http:
         session = await create_session(http)
-        for path in (OWNER_EVENTS, f"/api/agent/{session['id']}/events"):
+        # `<seq>.<chunk>` (a token delta's id) is a session stream's cursor, not an owner's.
+        paths = (
+            [OWNER_EVENTS] if bad == "1.5" else [OWNER_EVENTS, f"/api/agent/{session['id']}/events"]
+        )
+        for path in paths:
             header = {"Last-Event-ID": bad.encode()}
             for kwargs in ({"params": {"lastEventId": bad}}, {"headers": header}):
                 response = await http.get(path, **kwargs)

@@ -71,5 +71,16 @@ async def current_stream_owner(
     return await resolve_owner(services, request, token)
 
 
+async def current_protocol_owner(
+    services: ServicesDep,
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """The Agent Protocol's caller: the LangGraph SDKs send the key as `x-api-key`."""
+    token = credentials.credentials if credentials else request.headers.get("x-api-key")
+    return await resolve_owner(services, request, token or None)
+
+
 Owner = Annotated[str, Depends(current_owner)]
+ProtocolOwner = Annotated[str, Depends(current_protocol_owner)]
 StreamOwner = Annotated[str, Depends(current_stream_owner)]

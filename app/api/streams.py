@@ -18,8 +18,15 @@ from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import owner_key, session_key
+from app.streams.chunks import session_chunks
 from app.streams.feed import FeedSource, Page
-from app.streams.frames import owner_event, parse_cursor, resync_reason, session_event
+from app.streams.frames import (
+    owner_event,
+    parse_cursor,
+    resync_reason,
+    session_event,
+    split_chunk,
+)
 from app.streams.shortcuts import uvicorn_direct_write
 from app.streams.sse import DirectWrites, StreamOptions, event_stream, resync_stream
 
@@ -131,7 +138,7 @@ def owner_source(services: Services, owner: str) -> FeedSource:
     return FeedSource(owner_key(owner), head, read, closable=False)
 
 
-def session_source(services: Services, session_id: UUID) -> FeedSource:
+def session_source(services: Services, session_id: UUID, owner: str) -> FeedSource:
     key = session_key(session_id)
 
     async def head() -> tuple[int, bool]:
@@ -141,7 +148,7 @@ def session_source(services: Services, session_id: UUID) -> FeedSource:
         rows, gone = await services.session_pages.get((session_id, after, max_bytes))
         return Page.of(rows, session_event, max_bytes) if rows else Page([], False, gone)
 
-    return FeedSource(key, head, read)
+    return FeedSource(key, head, read, chunks=session_chunks(services.db, session_id, owner))
 
 
 @router.get(
@@ -187,18 +194,20 @@ async def stream_session_events(
     last_event_id_query: LastEventIdQuery = None,
     follow: Annotated[bool, Query(description="false: close after `caught_up`.")] = True,
 ) -> StreamingResponse:
-    """One session's log; ids are its `seq`. No cursor: replay from seq 1."""
+    """One session's log; ids are its `seq`, and `<seq>.<chunk>` on token deltas. No cursor:
+    replay from seq 1."""
     sid = parse_session_id(session_id)
-    cursor = parse_cursor(last_event_id or last_event_id_query)
+    raw_cursor, chunk = split_chunk(last_event_id or last_event_id_query)
+    cursor = parse_cursor(raw_cursor)
     async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, sid)
     options = _options(services, follow)
     last_seq = int(row["last_seq"])
     if cursor is not None and cursor > last_seq:
         return _sse(services, owner, resync_stream("cursor_ahead", cursor, last_seq, options))
-    source = session_source(services, sid)
+    source = session_source(services, sid, owner)
     direct = _direct_writes(services)
     stream = event_stream(
-        "session", services.hub, source, cursor or 0, options, services.shutdown, direct
+        "session", services.hub, source, cursor or 0, options, services.shutdown, direct, chunk
     )
     return _sse(services, owner, stream, direct)

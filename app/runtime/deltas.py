@@ -3,8 +3,11 @@ one NOTIFY transaction carries the new text of all the worker's streaming sessio
 payloads when they exceed NOTIFY's limit). One NOTIFY per session per 50 ms made 1,000 streaming
 sessions 20,000 transactions a second, more than the database commits.
 
-Deltas are best effort: the durable `assistant_message` carries the whole text. A run takes the
-text its session has not sent yet when its turn ends (`take`), to send it with the message."""
+Each flush of a session is a chunk, numbered 1, 2, 3... among those that follow the same event
+(`afterSeq`), and stored in the statement that notifies it (app/store/deltas.py), so that a
+client that reconnects mid-turn gets the chunks it missed. Deltas are best effort: the durable
+`assistant_message` carries the whole text. A run takes the text its session has not sent yet
+when its turn ends (`take`), to send it with the message."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from uuid import UUID
 
 from app.db.pool import Database
 from app.domain import rfc3339
-from app.store.notify import ephemeral_body, json_string, publish_ephemerals, session_key
+from app.store.deltas import MAX_STORED_CHUNKS_PER_TURN, SWEEP_SECONDS, Chunk, publish_deltas
+from app.store.notify import delta_envelope, delta_head, ephemeral_body, session_key
 
 log = logging.getLogger(__name__)
 
@@ -27,39 +31,41 @@ log = logging.getLogger(__name__)
 class _Pending:
     """A streaming session's text not sent yet. It lives for the session's turn, so `key` and
     `head` (its notification key and the start of its envelope) are built once a turn, not at
-    every flush."""
+    every flush. `chunk`: the number of the last frame cut for `after_seq`."""
 
+    session_id: UUID
     key: str
     head: str
     after_seq: int
     texts: list[str] = field(default_factory=list)
+    chunk: int = 0
 
     @classmethod
     def of(cls, session_id: UUID, owner_id: str, after_seq: int) -> _Pending:
-        head = (
-            f'{{"type":"message_delta","sessionId":"{session_id}",'
-            f'"ownerId":{json_string(owner_id)},"ts":"'
-        )
-        return cls(session_key(session_id), head, after_seq)
+        return cls(session_id, session_key(session_id), delta_head(session_id, owner_id), after_seq)
 
-    def take_line(self, ts: str | None = None) -> tuple[str, str]:
-        """(key, body) of the ephemeral `message_delta` of the text (`ephemeral_body`), which
-        is then no longer pending. `afterSeq` is the last event its run wrote before it:
-        streams send it after that event and before the next. `ts`: when it was built (a
-        flush cuts one for all its frames)."""
-        # Spelled out rather than json.dumps of a dict: a flush builds one per streaming
-        # session, 20 times a second.
-        after = int(self.after_seq)
-        envelope = (
-            f'{self.head}{ts or _now()}","afterSeq":{after},'
-            f'"data":{{"text":{json_string("".join(self.texts))}}},"phase":"live"}}'
-        )
+    def follows(self, after_seq: int) -> None:
+        """Its text from now on follows event `after_seq`: the numbering starts again there."""
+        if after_seq != self.after_seq:
+            self.after_seq = after_seq
+            self.chunk = 0
+
+    def cut(self, ts: str | None = None) -> tuple[tuple[str, str], Chunk]:
+        """The (key, body) line of the ephemeral `message_delta` of the text
+        (`ephemeral_body`), which is then no longer pending, and the chunk it is. `afterSeq` is
+        the last event its run wrote before it: streams send it after that event and before
+        the next. `ts`: when it was built (a flush cuts one for all its frames)."""
+        self.chunk += 1
+        text = "".join(self.texts)
         self.texts = []
-        return self.key, ephemeral_body(after, "message_delta", envelope)
+        after = int(self.after_seq)
+        envelope = delta_envelope(self.head, ts or _now(), after, self.chunk, text, "live")
+        line = (self.key, ephemeral_body(after, "message_delta", envelope, self.chunk))
+        return line, Chunk(self.session_id, after, self.chunk, text)
 
 
-def _now() -> str:
-    return rfc3339(datetime.now(UTC)) or ""
+def _now(at: datetime | None = None) -> str:
+    return rfc3339(at or datetime.now(UTC)) or ""
 
 
 class DeltaHub:
@@ -72,6 +78,7 @@ class DeltaHub:
         self.streaming: dict[UUID, _Pending] = {}  # sessions in a turn, until `take`
         self.due: dict[UUID, _Pending] = {}  # those with text for the next flush
         self.last_flush = 0.0
+        self.last_sweep = time.monotonic()  # of the stored chunks (`publish_deltas`)
         self.timer: asyncio.Task[None] | None = None
         self.sending = asyncio.Lock()
 
@@ -79,7 +86,7 @@ class DeltaHub:
         entry = self.streaming.get(session_id)
         if entry is None:
             entry = self.streaming[session_id] = _Pending.of(session_id, owner_id, after_seq)
-        entry.after_seq = after_seq
+        entry.follows(after_seq)
         entry.texts.append(text)
         self.due[session_id] = entry
         if self.timer is None:
@@ -94,7 +101,10 @@ class DeltaHub:
         async with self.sending:
             entry = self.streaming.pop(session_id, None)
             self.due.pop(session_id, None)
-        return entry.take_line() if entry is not None and entry.texts else None
+        # Sent with the event that ends the turn (or just before it), so not stored: a reader
+        # that reconnects after it reads that event. It keeps its number: a stream that missed
+        # the ones before it fills the gap from the stored ones.
+        return entry.cut()[0] if entry is not None and entry.texts else None
 
     async def close(self) -> None:
         if self.timer is not None:
@@ -114,10 +124,20 @@ class DeltaHub:
                 return
             due, self.due = self.due, {}
             self.last_flush = time.monotonic()
-            ts = _now()
-            frames = [entry.take_line(ts) for entry in due.values()]
+            sweep = self.last_flush - self.last_sweep >= SWEEP_SECONDS
+            if sweep:
+                self.last_sweep = self.last_flush
+            at = datetime.now(UTC)
+            ts = _now(at)
+            frames: list[tuple[str, str]] = []
+            chunks: list[Chunk] = []
+            for entry in due.values():
+                line, chunk = entry.cut(ts)
+                frames.append(line)
+                if chunk.chunk <= MAX_STORED_CHUNKS_PER_TURN:
+                    chunks.append(chunk)
             try:
                 async with self.db.connection() as conn:
-                    await publish_ephemerals(conn, frames)
+                    await publish_deltas(conn, frames, chunks, at, sweep=sweep)
             except Exception as exc:  # deltas are best effort; the durable message follows
                 log.debug("deltas not sent: %s", exc)

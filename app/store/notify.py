@@ -66,21 +66,45 @@ def cancel_key(session_id: UUID | str) -> str:
     return f"c:{session_id}"
 
 
-def ephemeral_body(after_seq: int, type_: str, envelope: str) -> str:
-    """What follows the key on an ephemeral frame's line: the id of the event it follows, its
-    type and its envelope, one-line JSON exactly as streams send it (its `"phase":"live"`
-    included). With those out in front, an API process frames it without parsing the JSON:
-    at 2,000 streaming sessions, parsing and re-encoding every delta was half its time."""
-    return f"{after_seq}{EPHEMERAL_SEPARATOR}{type_}{EPHEMERAL_SEPARATOR}{envelope}"
+def ephemeral_body(after_seq: int, type_: str, envelope: str, chunk: int = 0) -> str:
+    """What follows the key on an ephemeral frame's line: the id of the event it follows (and
+    `.chunk`, its number among the frames that follow that event, when it is a stored chunk:
+    app/store/deltas.py), its type and its envelope, one-line JSON exactly as streams send it
+    (its `"phase":"live"` included). With those out in front, an API process frames it without
+    parsing the JSON: at 2,000 streaming sessions, parsing and re-encoding every delta was half
+    its time."""
+    place = f"{after_seq}.{chunk}" if chunk else str(after_seq)
+    return f"{place}{EPHEMERAL_SEPARATOR}{type_}{EPHEMERAL_SEPARATOR}{envelope}"
 
 
-def parse_ephemeral(body: str) -> tuple[int, str, str] | None:
-    """(afterSeq, type, envelope) of an `ephemeral_body`, or None if it is not one."""
-    after, _, rest = body.partition(EPHEMERAL_SEPARATOR)
+def parse_ephemeral(body: str) -> tuple[int, int, str, str] | None:
+    """(afterSeq, chunk or 0, type, envelope) of an `ephemeral_body`, or None if it is not
+    one."""
+    place, _, rest = body.partition(EPHEMERAL_SEPARATOR)
     type_, _, envelope = rest.partition(EPHEMERAL_SEPARATOR)
-    if not after.isdigit() or not type_ or not envelope:
+    after, dot, chunk = place.partition(".")
+    if not after.isdigit() or (dot and not chunk.isdigit()) or not type_ or not envelope:
         return None
-    return int(after), type_, envelope
+    return int(after), int(chunk) if dot else 0, type_, envelope
+
+
+def delta_head(session_id: UUID | str, owner_id: str) -> str:
+    """The start of a `message_delta` envelope of the session, up to its `ts` value
+    (`delta_envelope` ends it). Spelled out rather than json.dumps of a dict: a worker's flush
+    builds one per streaming session, 20 times a second."""
+    return (
+        f'{{"type":"message_delta","sessionId":"{session_id}",'
+        f'"ownerId":{json_string(owner_id)},"ts":"'
+    )
+
+
+def delta_envelope(head: str, ts: str, after_seq: int, chunk: int, text: str, phase: str) -> str:
+    """A `message_delta` envelope (`delta_head`'s), one-line JSON, as live streams send it and
+    as a reconnect replays it from the stored chunks."""
+    return (
+        f'{head}{ts}","afterSeq":{int(after_seq)},"chunk":{int(chunk)},'
+        f'"data":{{"text":{json_string(text)}}},"phase":"{phase}"}}'
+    )
 
 
 def json_string(text: str) -> str:
@@ -111,19 +135,6 @@ def ephemeral_payloads(frames: list[tuple[str, str]]) -> list[str]:
     if lines:
         payloads.append("\n".join(lines))
     return payloads
-
-
-async def publish_ephemerals(conn: Connection, frames: list[tuple[str, str]]) -> None:
-    """Send frames that are not logged (`ephemeral_payloads`) in one statement. Best effort:
-    lost if no one listens."""
-    payloads = ephemeral_payloads(frames)
-    if payloads:
-        # The array goes in binary (%b): psycopg's text format escapes every quote of the
-        # JSON bodies with a regex, ~15 ms of a worker's loop for 500 sessions' deltas.
-        await conn.execute(
-            "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
-            (STREAMS_CHANNEL, payloads),
-        )
 
 
 _LISTEN = {

@@ -33,6 +33,24 @@ WITH bumped AS (
 )
 SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 
+-- name: assistant_versions
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v ON v.assistant_id = a.id
+WHERE a.id = %(id)s AND (%(before)s::integer IS NULL OR v.version < %(before)s)
+ORDER BY v.version DESC
+LIMIT %(limit)s;
+
+-- name: chunks_after
+SELECT after_seq, chunk, text, created_at FROM session_deltas
+WHERE session_id = %(session_id)s AND after_seq = %(after_seq)s AND chunk > %(chunk)s
+    AND chunk < %(before)s
+ORDER BY chunk;
+
 -- name: claim
 WITH candidate AS (
     SELECT s.id FROM sessions s
@@ -58,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -103,6 +121,12 @@ CROSS JOIN LATERAL (
     WHERE e.upto <= %(head_bytes)s) h
 ORDER BY s.created_at;
 
+-- name: count_threads
+SELECT count(*) AS n FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb);
+
 -- name: count_undelivered
 SELECT count(*) AS n FROM sessions, LATERAL (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
@@ -112,19 +136,33 @@ WHERE sessions.id = %(session_id)s;
 
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
-                      instructions, model_settings, approval_required)
-VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+                      instructions, model_settings, approval_required, assistant_id,
+                      assistant_version)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
+-- name: get_assistant
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v
+  ON v.assistant_id = a.id AND v.version = coalesce(%(version)s, a.version)
+WHERE a.id = %(id)s AND a.owner_id = %(owner)s AND a.deleted_at IS NULL;
 
 -- name: get_session
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -133,16 +171,25 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: insert_assistant_version
+INSERT INTO assistant_versions (assistant_id, version, name, description, model,
+                                instructions, model_settings, tools, approval_required,
+                                metadata)
+VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s);
 
 -- name: list_sessions
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -173,9 +220,38 @@ SELECT count(*) AS n FROM (
     WHERE stopped_at IS NULL AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
 ) live;
 
+-- name: lock_assistant
+SELECT version FROM assistants
+WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
+
+-- name: merge_thread_metadata
+UPDATE sessions SET metadata = metadata || %s, updated_at = clock_timestamp()
+WHERE id = %s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
+-- name: open_turn_chunks
+WITH turn AS (
+    SELECT max(after_seq) AS after_seq FROM session_deltas
+    WHERE session_id = %(session_id)s AND after_seq <= %(cursor)s
+)
+SELECT turn.after_seq, d.chunk, d.text, d.created_at
+FROM turn LEFT JOIN session_deltas d
+    ON d.session_id = %(session_id)s AND d.after_seq = turn.after_seq
+    AND d.chunk > CASE WHEN turn.after_seq <= %(seen_seq)s THEN %(seen_chunk)s ELSE 0 END
+WHERE turn.after_seq IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM session_events e
+    WHERE e.session_id = %(session_id)s AND e.seq > turn.after_seq AND e.seq <= %(cursor)s
+        AND e.type IN ('assistant_message', 'model_retry', 'session_end')
+)
+ORDER BY d.chunk;
 
 -- name: owner_pages
 SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, false AS deleted, page.size
@@ -190,13 +266,46 @@ LEFT JOIN LATERAL (
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
 
+-- name: publish_deltas
+WITH chunk AS (
+    SELECT * FROM unnest(
+        %(sessions)b::uuid[], %(afters)b::bigint[], %(chunks)b::integer[], %(texts)b::text[]
+    ) AS c (session_id, after_seq, chunk, text)
+), stored AS (
+    INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
+    SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
+    ON CONFLICT DO NOTHING
+), replaced AS (
+    DELETE FROM session_deltas d USING chunk c
+    WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
+)
+SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
+
+-- name: publish_deltas_and_sweep
+WITH chunk AS (
+    SELECT * FROM unnest(
+        %(sessions)b::uuid[], %(afters)b::bigint[], %(chunks)b::integer[], %(texts)b::text[]
+    ) AS c (session_id, after_seq, chunk, text)
+), stored AS (
+    INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
+    SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
+    ON CONFLICT DO NOTHING
+), replaced AS (
+    DELETE FROM session_deltas d USING chunk c
+    WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
+), swept AS (
+    DELETE FROM session_deltas WHERE created_at < %(ts)s - %(max_age)s * interval '1 second'
+)
+SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
+
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -204,7 +313,8 @@ WHERE id = %s RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: run_write
 WITH bumped AS (
@@ -325,12 +435,149 @@ owner_cursor AS (
 SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
        (SELECT n FROM notified) AS notified;
 
+-- name: search_assistants
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %(owner)s AND a.deleted_at IS NULL
+  AND (%(after_ts)s::timestamptz IS NULL OR (a.created_at, a.id) < (%(after_ts)s, %(after_id)s))
+  AND (%(pattern)s::text IS NULL OR v.name ILIKE %(pattern)s)
+  AND (%(exact)s::text IS NULL OR v.name = %(exact)s)
+  AND (%(metadata)s::jsonb IS NULL OR v.metadata @> %(metadata)s::jsonb)
+ORDER BY a.created_at DESC, a.id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_created_at_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY created_at ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_created_at_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY created_at DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_id_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY id ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_id_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY id DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_status_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY status ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_status_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY status DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_updated_at_asc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY updated_at ASC, id ASC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: search_threads_updated_at_desc
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
+FROM sessions
+   WHERE owner_id = %(owner)s AND deleted_at IS NULL
+     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+   ORDER BY updated_at DESC, id DESC
+   LIMIT %(limit)s OFFSET %(offset)s;
+
 -- name: session_by_id
 SELECT
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens, resumes
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -354,6 +601,9 @@ LEFT JOIN LATERAL (
 WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.seq;
 
+-- name: set_prompt
+UPDATE sessions SET prompt = %s WHERE id = %s;
+
 -- name: set_status
 WITH updated AS (
     UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp()
@@ -361,7 +611,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -388,7 +639,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -417,7 +669,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -436,4 +689,21 @@ owner_cursor AS (
     RETURNING id
 )
 SELECT * FROM updated;
+
+-- name: set_thread_definition
+UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
+                    model_settings = %s, approval_required = %s, title = %s,
+                    updated_at = clock_timestamp()
+WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
+-- name: thread_run_marks
+SELECT seq, type, created_at, data->>'status' AS status FROM session_events
+WHERE session_id = %s AND type IN ('user_message',
+    'tool_approval_decided', 'session_end')
+ORDER BY seq;
 

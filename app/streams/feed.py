@@ -33,6 +33,7 @@ from app.streams.frames import (
     TURN_ENDS,
     Ephemeral,
     Event,
+    Seen,
     ephemeral_frame,
     in_order,
     settled_by,
@@ -74,6 +75,17 @@ class Page:
 
 
 @dataclass(frozen=True)
+class StoredChunks:
+    """How a feed reads the token chunks kept for reconnects (app/store/deltas.py)."""
+
+    # (cursor, seen seq, seen chunk) -> the turn open at event `cursor`, as (its afterSeq, its
+    # chunks after those the reader saw, in backlog frames), or None when none is open.
+    open_turn: Callable[[int, int, int], Awaitable[tuple[int, list[Ephemeral]] | None]]
+    # (afterSeq, first, before) -> that turn's chunks numbered first..before-1, in live frames.
+    between: Callable[[int, int, int], Awaitable[list[Ephemeral]]]
+
+
+@dataclass(frozen=True)
 class FeedSource:
     """How to read one feed: its bus key, its head, and its events after a cursor."""
 
@@ -86,6 +98,8 @@ class FeedSource:
     # only then is it checked after each batch, from the page read when that could tell (one
     # read a wake-up, not two), else from the head.
     closable: bool = True
+    # Its token chunks, when it keeps them (a session's feed does; an owner's has no deltas).
+    chunks: StoredChunks | None = None
 
 
 class LogReads:
@@ -177,6 +191,11 @@ class Follower:
     cursor: int  # the last event taken
     settled: int  # the last turn end taken (`in_order`)
     ephemeral_seen: int  # the number of the last delta taken
+    # The last chunk taken (`in_order`): a chunk up to it is not sent again.
+    seen: Seen = (0, 0)
+    # Chunks it missed, found when a later one came (`in_order`): the stream's loop sends them
+    # from the store (`Feed.fill`) before anything else.
+    gap: tuple[int, int, int] | None = None
     # Deltas taken whose event is not taken yet: each goes out right after it.
     held: list[Ephemeral] = field(default_factory=list)
     # Frames the feed took while the stream was parked and could not write directly (more than
@@ -278,11 +297,11 @@ class Feed:
         if not follower.held and follower.ephemeral_seen != self.ephemeral_count:
             follower.held, follower.ephemeral_seen = self.ephemeral_since(follower.ephemeral_seen)
         if follower.held:
-            frames, taken, _, follower.cursor, follower.settled = in_order(
-                follower.held, events, follower.cursor, follower.settled
-            )
-            del follower.held[:taken]
-            return frames
+            got = in_order(follower.held, events, follower.cursor, follower.settled, follower.seen)
+            del follower.held[: got.deltas]
+            follower.cursor, follower.settled = got.cursor, got.settled
+            follower.seen, follower.gap = got.seen, got.gap
+            return got.frames
         if not events:
             return []
         follower.cursor = events[-1].id
@@ -297,7 +316,25 @@ class Feed:
             and not follower.held
             and not follower.unsent
             and follower.ephemeral_seen == self.ephemeral_count
+            and follower.gap is None
         )
+
+    async def fill(self, follower: Follower) -> list[bytes]:
+        """The frames of the stored chunks a live stream missed (`follower.gap`, found by
+        `take`), its place moved past them: the chunk that showed the gap goes next. Best
+        effort: what the store does not have (a failed flush, a turn past its stored chunks)
+        stays missed."""
+        assert follower.gap is not None
+        after, first, came = follower.gap
+        follower.gap = None
+        follower.seen = (after, came - 1)
+        if self.source.chunks is None:
+            return []
+        try:
+            missed = await self._reported(self.source.chunks.between(after, first, came))
+        except UNAVAILABLE_ERRORS:
+            return []
+        return [chunk.sent_at(follower.cursor) for chunk in missed]
 
     async def park(self, follower: Follower, generation: int) -> None:
         """Wait for the first change after `generation` (read before checking for work; at

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+from uuid import UUID
 
 from app.domain import SessionEventType, rfc3339
 from app.errors import InvalidCursor
-from app.store.notify import parse_ephemeral
+from app.store.notify import delta_envelope, delta_head, parse_ephemeral
 
 Phase = Literal["backlog", "live"]
 # A cursor above this is not a cursor we could have issued (ids are PostgreSQL bigints).
@@ -28,6 +29,32 @@ def parse_cursor(raw: str | None) -> int | None:
             f"lastEventId must be a non-negative integer below 2^63, got {_as_sent(raw)[:40]!r}"
         )
     return int(text)
+
+
+# The largest chunk number a session cursor's fraction may carry (the column is an integer).
+MAX_CURSOR_CHUNK = 2**31 - 1
+
+
+def split_chunk(raw: str | None) -> tuple[str | None, int]:
+    """A session stream's `Last-Event-ID` / `lastEventId` in its two parts: `<seq>` (a durable
+    event) or `<seq>.<chunk>` (event seq, and the chunks 1..chunk of the turn open at it, as the
+    id of a token delta frame says). The integer part is returned as it came, for
+    `parse_cursor`; the chunk is 0 without a fraction."""
+    if raw is None or "." not in raw:
+        return raw, 0
+    whole, _, fraction = raw.strip().partition(".")
+    if (
+        not fraction.isascii()
+        or not fraction.isdigit()
+        or len(fraction) > 10
+        or int(fraction) > MAX_CURSOR_CHUNK
+        or not whole
+    ):
+        raise InvalidCursor(
+            "lastEventId must be <id> or <id>.<chunk> (non-negative decimal integers),"
+            f" got {_as_sent(raw)[:40]!r}"
+        )
+    return whole, int(fraction)
 
 
 def _as_sent(raw: str) -> str:
@@ -158,24 +185,56 @@ def _frame_head(event: str, id_: str | None) -> bytes:
 @dataclass(frozen=True)
 class Ephemeral:
     """A frame that is not logged (a token delta), and the id of the durable event it follows:
-    a stream sends it after that event and before the next one."""
+    a stream sends it after that event and before the next one. `chunk`: its number among the
+    deltas that follow that event (0: unnumbered), also in its `id: <after>.<chunk>`."""
 
     after: int
     frame: bytes
+    chunk: int = 0
 
     @property
     def size(self) -> int:
         return len(self.frame)
 
+    def sent_at(self, cursor: int) -> bytes:
+        """Its frame for a stream whose last event sent is `cursor`. A delta sent after an
+        event later than the one it follows (another writer's, such as a user message, logged
+        while the turn streams) takes `<cursor>.<chunk>` as its id, so that a client's cursor
+        never goes back to before an event it has seen: chunk k of the turn open at `cursor`."""
+        if self.after >= cursor or not self.chunk:
+            return self.frame
+        return f"id: {cursor}.{self.chunk}\n".encode() + self.frame.partition(b"\n")[2]
+
 
 def ephemeral_frame(body: str) -> Ephemeral:
-    """A frame from an ephemeral notification's body (`ephemeral_body`): no `id:`, and its
-    envelope as it came, unparsed."""
+    """A frame from an ephemeral notification's body (`ephemeral_body`): its envelope as it
+    came, unparsed, and `id: <afterSeq>.<chunk>` when it is numbered (else no `id:`)."""
     parsed = parse_ephemeral(body)
     if parsed is None:
         return Ephemeral(0, b"")
-    after, event, envelope = parsed
-    return Ephemeral(after, sse_frame(event, envelope))
+    after, chunk, event, envelope = parsed
+    return Ephemeral(after, sse_frame(event, envelope, _chunk_id(after, chunk)), chunk)
+
+
+def _chunk_id(after: int, chunk: int) -> str | None:
+    return f"{after}.{chunk}" if chunk else None
+
+
+def stored_delta(
+    row: dict[str, Any], session_id: UUID | str, owner_id: str, phase: Phase
+) -> Ephemeral:
+    """The `message_delta` frame of a stored chunk (app/store/deltas.py: `after_seq`, `chunk`,
+    `text`, `created_at`), byte for byte the live one but for its `phase`."""
+    after, chunk = int(row["after_seq"]), int(row["chunk"])
+    envelope = delta_envelope(
+        delta_head(session_id, owner_id),
+        rfc3339(row["created_at"]) or "",
+        after,
+        chunk,
+        row["text"],
+        phase,
+    )
+    return Ephemeral(after, sse_frame("message_delta", envelope, _chunk_id(after, chunk)), chunk)
 
 
 # Events that settle a turn's streamed text: its message, or a retry that drops it. A delta that
@@ -189,21 +248,52 @@ def settled_by(events: list[Event], settled: int) -> int:
     return max((event.id for event in events if event.type in TURN_ENDS), default=settled)
 
 
+# The last chunk a stream sent: (the afterSeq of its turn, its number); (0, 0) for none.
+Seen = tuple[int, int]
+
+
+class Ordered(NamedTuple):
+    """What `in_order` took: the frames to send, how many deltas and events that used, and the
+    stream's place after them. `gap`, when it stopped at a chunk after missing ones: (their
+    afterSeq, the first missing number, the number of the chunk that came)."""
+
+    frames: list[bytes]
+    deltas: int
+    events: int
+    cursor: int
+    settled: int
+    seen: Seen
+    gap: tuple[int, int, int] | None = None
+
+
 def in_order(
-    deltas: list[Ephemeral], events: list[Event], cursor: int, settled: int
-) -> tuple[list[bytes], int, int, int, int]:
+    deltas: list[Ephemeral], events: list[Event], cursor: int, settled: int, seen: Seen = (0, 0)
+) -> Ordered:
     """Frames of `deltas` and `events` (both in their order; events follow `cursor`) in one
     order: each delta right after the event it follows; a delta of a turn whose end was sent
-    (`settled`, the id of the last turn end sent) is dropped. Stops at a delta whose event is
-    not among `events` yet. Returns (frames, deltas taken, events sent, the new cursor, the
-    new `settled`)."""
+    (`settled`, the id of the last turn end sent) is dropped, and so is a chunk at or before
+    `seen` (the last chunk sent: replayed from the store, or repeated). Stops at a delta whose
+    event is not among `events` yet, and at a chunk that does not come next after `seen` (the
+    ones between were missed: the caller sends them from the store, then calls again)."""
     frames: list[bytes] = []
     d = e = 0
     while d < len(deltas) or e < len(events):
         if d < len(deltas) and deltas[d].after < settled:
             d += 1
         elif d < len(deltas) and deltas[d].after <= cursor:
-            frames.append(deltas[d].frame)
+            delta = deltas[d]
+            if delta.chunk:
+                place = (delta.after, delta.chunk)
+                if place <= seen:
+                    d += 1
+                    continue
+                first = seen[1] + 1 if delta.after == seen[0] else 1
+                if delta.chunk != first:
+                    return Ordered(
+                        frames, d, e, cursor, settled, seen, (delta.after, first, delta.chunk)
+                    )
+                seen = place
+            frames.append(delta.sent_at(cursor))
             d += 1
         elif e < len(events):
             frames.append(events[e].live)
@@ -213,7 +303,7 @@ def in_order(
             e += 1
         else:
             break  # the next delta follows an event this stream has not read yet
-    return frames, d, e, cursor, settled
+    return Ordered(frames, d, e, cursor, settled, seen)
 
 
 def control(event: str, data: dict[str, Any]) -> bytes:

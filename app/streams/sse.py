@@ -1,7 +1,8 @@
-"""One SSE stream: replay the backlog after the client's cursor, say `caught_up`, then follow the
-feed live with keep-alive pings until the client leaves, the subject is deleted, the process
-shuts down, or it has been unable to read the log for FERRYMAN_STREAM_OUTAGE_CLOSE
-(`feed.LogReads`: the response ends, and the client reconnects from its last event)."""
+"""One SSE stream: replay the backlog after the client's cursor (and the stored token chunks of
+a turn still open there), say `caught_up`, then follow the feed live with keep-alive pings until
+the client leaves, the subject is deleted, the process shuts down, or it has been unable to read
+the log for FERRYMAN_STREAM_OUTAGE_CLOSE (`feed.LogReads`: the response ends, and the client
+reconnects from its last event)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from app.streams.feed import FeedHub, FeedSource, Follower
 from app.streams.frames import (
     PING,
     ResyncReason,
+    Seen,
     control,
     event_writes,
     retry,
@@ -105,7 +107,10 @@ async def event_stream(
     options: StreamOptions,
     shutdown: asyncio.Event,
     direct: DirectWrites | None = None,
+    seen_chunk: int = 0,
 ) -> AsyncGenerator[bytes, None]:
+    """`cursor`: the last event the client has; `seen_chunk`: the chunks of the turn open at it
+    that it has too (a cursor `<cursor>.<seen_chunk>`, from a token delta's id)."""
     OPEN_STREAMS.labels(kind).inc()
     try:
         yield retry(options.retry_ms)
@@ -137,6 +142,24 @@ async def event_stream(
                 replayed += len(events)
                 cursor = events[-1].id
                 settled = settled_by(events, settled)
+            # Before the stored chunks are read: the live ones from here on may repeat them,
+            # and `Feed.take` drops those (`in_order`), so none is missed in between.
+            ephemeral_seen = feed.ephemeral_count
+            seen: Seen = (0, 0)
+            if source.chunks is not None:
+                seen = (cursor, 0)
+                try:
+                    turn = await source.chunks.open_turn(cursor, start, seen_chunk)
+                except UNAVAILABLE_ERRORS:
+                    turn = None  # best effort: the turn's message carries its text
+                if turn is not None:
+                    after, stored = turn
+                    for piece in writes([c.sent_at(cursor) for c in stored], feed.write_bytes):
+                        yield piece
+                    if stored:
+                        seen = (after, stored[-1].chunk)
+                    else:
+                        seen = (after, seen_chunk if after <= start else 0)
             yield control(
                 "caught_up",
                 {"replayed": replayed, "fromEventId": str(start), "cursor": str(cursor)},
@@ -146,7 +169,11 @@ async def event_stream(
             # Live: what the feed's one rule (`Feed.take`) gives it. Parked when it has all
             # there is, the feed writes to its connection directly if it can (`Feed.park`).
             follower = Follower(
-                direct.write if direct is not None else None, cursor, settled, feed.ephemeral_count
+                direct.write if direct is not None else None,
+                cursor,
+                settled,
+                ephemeral_seen,
+                seen,
             )
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
@@ -155,6 +182,10 @@ async def event_stream(
                 generation = feed.generation
                 if follower.unsent:  # taken while parked, and no direct write could send it
                     frames, follower.unsent = follower.unsent, []
+                elif follower.gap is not None:  # chunks missed: from the store, then on
+                    frames = await feed.fill(follower)
+                    if not frames:
+                        continue
                 else:
                     # From the feed's memory without a coroutine when it can (the common case:
                     # every stream of a feed runs this at every event), else from the log.
@@ -172,6 +203,8 @@ async def event_stream(
                             yield _expired(follower.cursor, feed.head)
                             return
                     frames = taken
+                    if not frames and follower.gap is not None:
+                        continue  # stopped at a chunk after missed ones: fill first
                 if frames:
                     if len(frames) == 1:
                         yield frames[0]  # the common case: one event, shared bytes, one write

@@ -154,7 +154,7 @@ def _session_path(session_id: str) -> str:
 
 
 def create_session(
-    prompt: str,
+    prompt: str | None,
     *,
     title: str | None,
     model: str | None,

@@ -63,7 +63,7 @@ class Session(Model):
     # Takeovers: runs that another worker started after a crash or a shutdown.
     resumes: int = 0
     model: str
-    prompt: str
+    prompt: str  # empty while the session is idle (created without one)
     active_stage: str | None = None
     error: dict[str, Any] | None = None
     cancel_requested: bool = False

@@ -86,7 +86,7 @@ class Ferryman(ClientBase):
 
     def create_session(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
         title: str | None = None,
         model: str | None = None,
@@ -98,9 +98,10 @@ class Ferryman(ClientBase):
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Session:
-        """Create a queued session. `model_settings` and `script` are sent as they are (wire
-        names: `maxTokens`, `toolCalls`, ...). The same `idempotency_key` and body give back the
-        same session."""
+        """Create a queued session, or without `prompt` an idle one that runs at its first
+        `send_message`. `model_settings` and `script` are sent as they are (wire names:
+        `maxTokens`, `toolCalls`, ...). The same `idempotency_key` and body give back the same
+        session."""
         return self._call(
             _core.create_session(
                 prompt,
@@ -152,7 +153,7 @@ class Ferryman(ClientBase):
         return self._call(_core.cancel_session(session_id, wait))
 
     def send_message(self, session_id: str, text: str) -> MessageAccepted:
-        """A follow-up: steers a running session, re-queues a waiting or terminal one."""
+        """A follow-up: steers a running session, queues an idle, waiting or terminal one."""
         return self._call(_core.send_message(session_id, text))
 
     def decide_tool_call(
@@ -231,7 +232,7 @@ class RawFerryman:
 
     def create_session(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
         title: str | None = None,
         model: str | None = None,
@@ -336,7 +337,7 @@ class AsyncFerryman(ClientBase):
 
     async def create_session(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
         title: str | None = None,
         model: str | None = None,

@@ -50,7 +50,7 @@ EXIT_API_ERROR = 1  # the API refused a request
 EXIT_USAGE = 2  # bad usage, or the server cannot be reached
 EXIT_INTERRUPTED = 130  # Ctrl-C
 STATUS_EXIT = {"succeeded": 0, "failed": 3, "cancelled": 4, "waiting": 5}
-EXIT_NOT_FINISHED = 6  # queued or running when the command stopped following
+EXIT_NOT_FINISHED = 6  # idle, queued or running when the command stopped following
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -69,7 +69,7 @@ def exit_codes_help(*, created: str = "", not_finished: bool = True) -> str:
         "       or for an approval (`ferryman sessions approve`)",
     ]
     if not_finished:
-        lines.append("  6    the session is still queued or running (--no-follow)")
+        lines.append("  6    the session is still idle, queued or running (--no-follow)")
     lines.append("  130  interrupted (Ctrl-C); the session goes on on the server")
     return "\n".join(lines)
 
@@ -617,6 +617,7 @@ def sessions_cli() -> None:
 
 
 STATUS_STYLES = {
+    "idle": "dim",
     "queued": "dim",
     "running": "blue",
     "waiting": "yellow",
@@ -673,7 +674,7 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
     "status",
     multiple=True,
     metavar="STATUS",
-    help="Only sessions in this status (repeat): queued, running, waiting, "
+    help="Only sessions in this status (repeat): idle, queued, running, waiting, "
     "succeeded, failed, cancelled.",
 )
 @click.option(

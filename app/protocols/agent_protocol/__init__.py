@@ -1,0 +1,15 @@
+"""The Agent Protocol of the LangGraph SDKs (`langgraph-sdk`, `@langchain/langgraph-sdk`) over
+Ferryman's sessions, mounted under `/agent-protocol` (SPEC section 9, docs/langgraph.md):
+threads are sessions, runs spans of their log, checkpoints positions in it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.protocols.agent_protocol import runs, threads, unserved
+from app.protocols.agent_protocol.service import PREFIX
+
+router = APIRouter(prefix=PREFIX)
+router.include_router(unserved.router)  # first: /threads/prune is not a thread id
+router.include_router(threads.router)
+router.include_router(runs.router)

@@ -1,0 +1,237 @@
+"""Runs of the Agent Protocol: a run is the span of a session's log that a message (or a
+`command.resume`) opened, until the session settled. Its id is derived from that log position
+(`fold.run_id`), so runs need no table and every run shows, however it was started."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlencode
+from uuid import UUID, uuid4
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import ProtocolOwner, ServicesDep
+from app.api.streams import EventStreamResponse
+from app.errors import NotServed
+from app.protocols.agent_protocol import fold, service
+from app.protocols.agent_protocol.schemas import RunCreate
+from app.protocols.agent_protocol.stream import RunStream, run_events
+from app.services import Services
+from app.store import sessions as session_store
+
+router = APIRouter(tags=["agent-protocol"])
+
+RunStatusFilter = Annotated[str | None, Query(max_length=20)]
+
+
+def _run_path(request: Request, thread_id: str, run_id: str) -> str:
+    """The run's absolute URL: the SDKs resolve a path against their base URL, prefix and
+    all, so only an absolute one points back here."""
+    root = str(request.base_url).rstrip("/")
+    return f"{root}{service.PREFIX}/threads/{thread_id}/runs/{run_id}"
+
+
+async def _thread_for_run(services: Services, owner: str, thread_id: str, body: RunCreate) -> UUID:
+    """The run's thread; with `if_not_exists: create`, made when missing."""
+    sid = service.parse_thread_id(thread_id)
+    if body.if_not_exists != "create":
+        return sid
+    async with services.db.transaction() as conn:
+        existing = await session_store.session_row(conn, sid)
+        if existing is None:
+            await service.create_idle_thread(conn, owner, services, sid, {})
+    return sid
+
+
+async def _stateless_thread(services: Services, owner: str) -> UUID:
+    """A thread of its own for a run without one (kept after the run: docs/langgraph.md)."""
+    sid = uuid4()
+    async with services.db.transaction() as conn:
+        await service.create_idle_thread(conn, owner, services, sid, {"stateless": True})
+    return sid
+
+
+def _located(response: Response, request: Request, row: dict[str, Any], run: fold.Run) -> None:
+    response.headers["Content-Location"] = _run_path(request, str(row["id"]), run.id)
+
+
+def _stream(
+    services: Services,
+    owner: str,
+    request: Request,
+    row: dict[str, Any],
+    run: fold.Run,
+    modes: list[str] | None,
+    last_event_id: str | None,
+) -> StreamingResponse:
+    events = fold.wanted_events(modes) if modes else fold.ALL_EVENTS
+    stream = RunStream(row, run, fold.parse_event_id(last_event_id), events)
+    body = run_events(services, row, stream)
+    services.slots.take(owner)  # last: nothing after this can fail and strand the slot
+    response = EventStreamResponse(body, lambda: services.slots.give_back(owner))
+    path = _run_path(request, str(row["id"]), run.id)
+    query = urlencode([("stream_mode", m) for m in modes or []])
+    response.headers["Location"] = f"{path}/stream" + (f"?{query}" if query else "")
+    response.headers["Content-Location"] = path
+    return response
+
+
+async def _final_values(services: Services, owner: str, sid: UUID, run: fold.Run) -> Any:
+    await service.wait_run_end(services, owner, sid, run.id)
+    _, state = await service.thread_and_fold(services, owner, str(sid))
+    return state.values()
+
+
+# --- on a thread -----------------------------------------------------------------------------
+
+
+@router.post("/threads/{thread_id}/runs")
+async def create_run(
+    thread_id: str,
+    body: RunCreate,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    request: Request,
+    response: Response,
+) -> dict[str, Any]:
+    sid = await _thread_for_run(services, owner, thread_id, body)
+    row, run = await service.start_run(services, owner, sid, body)
+    _located(response, request, row, run)
+    return service.run_view(row, run, body.assistant_id)
+
+
+@router.post("/threads/{thread_id}/runs/stream", response_class=StreamingResponse)
+async def create_run_stream(
+    thread_id: str, body: RunCreate, owner: ProtocolOwner, services: ServicesDep, request: Request
+) -> StreamingResponse:
+    sid = await _thread_for_run(services, owner, thread_id, body)
+    row, run = await service.start_run(services, owner, sid, body)
+    return _stream(services, owner, request, row, run, body.modes(), None)
+
+
+@router.post("/threads/{thread_id}/runs/wait")
+async def create_run_wait(
+    thread_id: str,
+    body: RunCreate,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    request: Request,
+    response: Response,
+) -> Any:
+    sid = await _thread_for_run(services, owner, thread_id, body)
+    row, run = await service.start_run(services, owner, sid, body)
+    _located(response, request, row, run)
+    return await _final_values(services, owner, sid, run)
+
+
+@router.get("/threads/{thread_id}/runs")
+async def list_runs(
+    thread_id: str,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    status_filter: Annotated[str | None, Query(alias="status", max_length=20)] = None,
+) -> list[dict[str, Any]]:
+    """Newest first."""
+    sid = service.parse_thread_id(thread_id)
+    async with services.db.transaction() as conn:
+        await session_store.read_one_snapshot(conn)
+        row = await session_store.get_session(conn, owner, sid)
+        runs = await service.runs_of_thread(conn, row)
+    chosen = [r for r in reversed(runs) if status_filter in (None, r.status)]
+    return [service.run_view(row, r) for r in chosen[offset : offset + limit]]
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}")
+async def get_run(
+    thread_id: str, run_id: str, owner: ProtocolOwner, services: ServicesDep
+) -> dict[str, Any]:
+    row, run = await service.find_run(services, owner, thread_id, run_id)
+    return service.run_view(row, run)
+
+
+@router.delete("/threads/{thread_id}/runs/{run_id}")
+async def delete_run(
+    thread_id: str, run_id: str, owner: ProtocolOwner, services: ServicesDep
+) -> None:
+    await service.find_run(services, owner, thread_id, run_id)
+    raise NotServed("runs.delete: a run is a span of the session's append-only log")
+
+
+@router.post("/threads/{thread_id}/runs/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
+async def cancel_run(
+    thread_id: str,
+    run_id: str,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    wait: Annotated[bool, Query()] = False,
+    action: Annotated[str, Query(pattern="^(interrupt|rollback)$")] = "interrupt",
+) -> Response:
+    """`interrupt` is Ferryman's cancel; `rollback` is not served (the log is append-only)."""
+    row, run = await service.find_run(services, owner, thread_id, run_id)
+    if action == "rollback":
+        raise NotServed(
+            "runs.cancel with action rollback: Ferryman's log is append-only, a run's events"
+            " cannot be dropped; cancel with action interrupt"
+        )
+    await service.cancel_run(services, owner, row["id"], run, wait)
+    return Response(status_code=status.HTTP_200_OK if wait else status.HTTP_202_ACCEPTED)
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}/join")
+async def join_run(thread_id: str, run_id: str, owner: ProtocolOwner, services: ServicesDep) -> Any:
+    row, run = await service.find_run(services, owner, thread_id, run_id)
+    return await _final_values(services, owner, row["id"], run)
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=StreamingResponse)
+async def join_run_stream(
+    thread_id: str,
+    run_id: str,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=100)] = None,
+    stream_mode: Annotated[list[str] | None, Query(max_length=20)] = None,
+) -> StreamingResponse:
+    """The run's events after `Last-Event-ID` (from its start without one), then `end`."""
+    row, run = await service.find_run(services, owner, thread_id, run_id)
+    modes = [m for m in stream_mode or [] if m]
+    return _stream(services, owner, request, row, run, modes or None, last_event_id)
+
+
+# --- without a thread ------------------------------------------------------------------------
+
+
+@router.post("/runs")
+async def create_stateless_run(
+    body: RunCreate,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    request: Request,
+    response: Response,
+) -> dict[str, Any]:
+    sid = await _stateless_thread(services, owner)
+    return await create_run(str(sid), body, owner, services, request, response)
+
+
+@router.post("/runs/stream", response_class=StreamingResponse)
+async def create_stateless_run_stream(
+    body: RunCreate, owner: ProtocolOwner, services: ServicesDep, request: Request
+) -> StreamingResponse:
+    sid = await _stateless_thread(services, owner)
+    return await create_run_stream(str(sid), body, owner, services, request)
+
+
+@router.post("/runs/wait")
+async def create_stateless_run_wait(
+    body: RunCreate,
+    owner: ProtocolOwner,
+    services: ServicesDep,
+    request: Request,
+    response: Response,
+) -> Any:
+    sid = await _stateless_thread(services, owner)
+    return await create_run_wait(str(sid), body, owner, services, request, response)

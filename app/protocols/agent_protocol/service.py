@@ -1,0 +1,481 @@
+"""What the Agent Protocol's routes do over sessions: threads and their state from the log,
+runs started by messages, decisions and resumes, and waits for a run's end. SQL stays in
+store/; this module decides."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from app.api import schemas as native
+from app.api.sessions import _wait_terminal
+from app.api.tool_names import check_tool_names
+from app.db.pool import Connection
+from app.domain import MAX_MESSAGE_CHARS, TERMINAL, Status, default_title, rfc3339
+from app.errors import (
+    InputNotSupported,
+    NoPendingInterrupt,
+    NotFound,
+    NotServed,
+    RunNotFound,
+    SessionAlreadyTerminal,
+    SessionNotFound,
+    ThreadBusy,
+)
+from app.protocols.agent_protocol import fold
+from app.protocols.agent_protocol.schemas import RunCreate
+from app.services import Services
+from app.store import events as event_store
+from app.store import sessions as session_store
+from app.store import threads as thread_store
+from app.store.notify import session_key
+from app.streams.frames import session_envelope
+
+# Where app/main.py mounts the protocol.
+PREFIX = "/agent-protocol"
+# The one graph Ferryman serves: its agent loop (docs/langgraph.md).
+GRAPH_ID = "ferryman"
+BUSY = frozenset({Status.QUEUED, Status.RUNNING})
+# The agent definition a run's `context` (or `config.configurable`) may carry: the create
+# body's fields of the native API.
+DEFINITION_FIELDS = (
+    "model",
+    "script",
+    "tools",
+    "instructions",
+    "modelSettings",
+    "approvalRequired",
+)
+# A wait for a run's end looks at the log at least this often, in case a notification is lost.
+RUN_WAIT_POLL = 1.0
+LOG_PAGE_ROWS = 1000
+LOG_PAGE_BYTES = 4 * 1_048_576
+
+
+def parse_thread_id(raw: str) -> UUID:
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise SessionNotFound() from None
+
+
+def thread_status(row: dict[str, Any]) -> str:
+    return fold.THREAD_STATUS.get(row["status"], "idle")
+
+
+async def load_fold(
+    conn: Connection, row: dict[str, Any], run: str | None = None
+) -> fold.ThreadFold:
+    """The thread's state folded from its whole log, as of `row` (read in this transaction)."""
+    state = fold.ThreadFold(row["id"], model=row["model"], run=run)
+    async for rows in event_store.session_event_pages(
+        conn, row["id"], int(row["last_seq"]), limit=LOG_PAGE_ROWS, max_bytes=LOG_PAGE_BYTES
+    ):
+        for event in rows:
+            state.apply(session_envelope(event), in_run=False)
+    return state
+
+
+async def thread_and_fold(
+    services: Services, owner: str, thread_id: str
+) -> tuple[dict[str, Any], fold.ThreadFold]:
+    async with services.db.transaction() as conn:
+        await session_store.read_one_snapshot(conn)
+        row = await session_store.get_session(conn, owner, parse_thread_id(thread_id))
+        return row, await load_fold(conn, row)
+
+
+def thread_view(row: dict[str, Any], state: fold.ThreadFold | None) -> dict[str, Any]:
+    interrupts: dict[str, list[dict[str, Any]]] = {}
+    head = state.head() if state else None
+    if state is not None and head is not None and state.pending and row["status"] == Status.WAITING:
+        interrupts[_task_id(state, head)] = [i.view() for i in state.pending.values()]
+    return {
+        "thread_id": str(row["id"]),
+        "created_at": rfc3339(row["created_at"]),
+        "updated_at": rfc3339(row["updated_at"]),
+        "state_updated_at": rfc3339(row["updated_at"]),
+        "metadata": row["metadata"],
+        "status": thread_status(row),
+        "values": state.values() if state is not None else None,
+        "interrupts": interrupts,
+        "config": {},
+        "error": row["error"],
+    }
+
+
+def _task_id(state: fold.ThreadFold, point: fold.Checkpoint) -> str:
+    return fold.derived(state.session_id, "task", point.seq)
+
+
+def _checkpoint_ref(thread_id: str, point: fold.Checkpoint | None) -> dict[str, Any]:
+    return {
+        "thread_id": thread_id,
+        "checkpoint_ns": "",
+        "checkpoint_id": fold.checkpoint_id(point.seq) if point else None,
+        "checkpoint_map": None,
+    }
+
+
+def state_view(
+    row: dict[str, Any], state: fold.ThreadFold, point: fold.Checkpoint | None
+) -> dict[str, Any]:
+    """The thread's state at checkpoint `point` (its newest: `state.head()`)."""
+    thread_id = str(row["id"])
+    newest = point is not None and point is state.head()
+    busy = newest and row["status"] in BUSY
+    interrupts = list(point.interrupts) if point else []
+    if newest and row["status"] != Status.WAITING:
+        interrupts = []
+    tasks = []
+    if point is not None and (busy or interrupts):
+        tasks.append(
+            {
+                "id": _task_id(state, point),
+                "name": fold._NODE,
+                "path": [],
+                "error": None,
+                "interrupts": [i.view() for i in interrupts],
+                "checkpoint": None,
+                "state": None,
+                "result": None,
+            }
+        )
+    parent = None
+    if point is not None and point.step > 0:
+        parent = _checkpoint_ref(thread_id, state.checkpoints[point.step - 1])
+    values = state.values(point) if point is not None else {"messages": []}
+    if point is not None and not interrupts:
+        values.pop("__interrupt__", None)
+    return {
+        "values": values,
+        "next": [fold._NODE] if tasks else [],
+        "tasks": tasks,
+        "checkpoint": _checkpoint_ref(thread_id, point),
+        "metadata": {
+            "step": point.step if point else -1,
+            "source": "loop" if point and point.step else "input",
+            "thread_id": thread_id,
+            "seq": point.seq if point else 0,
+        },
+        "created_at": point.created_at if point else rfc3339(row["created_at"]),
+        "parent_checkpoint": parent,
+        "interrupts": [i.view() for i in interrupts],
+    }
+
+
+def checkpoint_at(state: fold.ThreadFold, checkpoint: str | None) -> fold.Checkpoint | None:
+    """The checkpoint an id names (NotFound for one this thread never had)."""
+    if checkpoint is None:
+        return state.head()
+    seq = fold.checkpoint_seq(checkpoint)
+    for point in state.checkpoints:
+        if point.seq == seq:
+            return point
+    raise NotFound("no such checkpoint on this thread")
+
+
+def history(
+    row: dict[str, Any], state: fold.ThreadFold, limit: int, before: str | None
+) -> list[dict[str, Any]]:
+    points = state.checkpoints
+    if before is not None:
+        seq = fold.checkpoint_seq(before)
+        if seq is None:
+            raise NotFound("no such checkpoint on this thread")
+        points = [p for p in points if p.seq < seq]
+    return [state_view(row, state, p) for p in reversed(points[-limit:])]
+
+
+async def create_idle_thread(
+    conn: Connection, owner: str, services: Services, sid: UUID, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """A new idle session (no event until its first run) with the id `sid`."""
+    new = session_store.NewSession(
+        prompt=None,
+        title="New thread",
+        model=services.settings.model,
+        script=None,
+        tools=None,
+        metadata={**metadata, "graph_id": GRAPH_ID},
+    )
+    row, _ = await session_store.create_session(conn, owner, new, None, session_id=sid)
+    return row
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+async def runs_of_thread(conn: Connection, row: dict[str, Any]) -> list[fold.Run]:
+    marks = await thread_store.run_marks(conn, row["id"])
+    return fold.runs_of(row["id"], marks, row["status"])
+
+
+async def find_run(
+    services: Services, owner: str, thread_id: str, run_id: str
+) -> tuple[dict[str, Any], fold.Run]:
+    async with services.db.transaction() as conn:
+        await session_store.read_one_snapshot(conn)
+        row = await session_store.get_session(conn, owner, parse_thread_id(thread_id))
+        for run in await runs_of_thread(conn, row):
+            if run.id == run_id:
+                return row, run
+    raise RunNotFound()
+
+
+def run_view(row: dict[str, Any], run: fold.Run, assistant_id: str = GRAPH_ID) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "thread_id": str(row["id"]),
+        "assistant_id": assistant_id,
+        "created_at": rfc3339(run.created_at),
+        "updated_at": rfc3339(run.updated_at),
+        "status": run.status,
+        "metadata": {"start_seq": run.start_seq, "end_seq": run.end_seq},
+        "multitask_strategy": "enqueue",
+        "kwargs": {},
+    }
+
+
+def input_texts(body: RunCreate) -> list[str]:
+    """The user messages a run's `input` holds: human text only (INPUT_NOT_SUPPORTED else)."""
+    if body.input is None:
+        return []
+    unknown = set(body.input) - {"messages"}
+    if unknown:
+        raise InputNotSupported(
+            f"input may hold only `messages`, not {', '.join(sorted(unknown))}: Ferryman's "
+            "agent has no other state"
+        )
+    messages = body.input.get("messages") or []
+    if isinstance(messages, dict | str):
+        messages = [messages]
+    if not isinstance(messages, list) or len(messages) > 100:
+        raise InputNotSupported(
+            "input.messages must be a list of at most 100 messages", "input.messages"
+        )
+    return [_human_text(message, i) for i, message in enumerate(messages)]
+
+
+def _human_text(message: Any, index: int) -> str:
+    where = f"input.messages[{index}]"
+    role: Any
+    content: Any
+    if isinstance(message, str):
+        role, content = "human", message
+    elif isinstance(message, list) and len(message) == 2:
+        role, content = message
+    elif isinstance(message, dict):
+        role = message.get("role") or message.get("type") or "human"
+        content = message.get("content")
+    else:
+        raise InputNotSupported(f"{where} is not a message", where)
+    if role not in ("human", "user"):
+        raise InputNotSupported(
+            f"{where} is a {role!r} message: only human messages can be sent (the agent"
+            " writes its own ai and tool messages)"
+        )
+    if isinstance(content, list):
+        parts = [p for p in content if isinstance(p, dict)]
+        if len(parts) != len(content) or any(p.get("type") != "text" for p in parts):
+            raise InputNotSupported(f"{where}.content: only text parts can be sent", where)
+        content = "".join(str(p.get("text", "")) for p in parts)
+    if not isinstance(content, str) or not content or len(content) > MAX_MESSAGE_CHARS:
+        raise InputNotSupported(
+            f"{where}.content must be text of 1 to {MAX_MESSAGE_CHARS} characters"
+        )
+    return content
+
+
+async def definition_of(
+    services: Services, body: RunCreate, first_text: str
+) -> thread_store.Definition:
+    """The agent definition a run's assistant and context give a thread's first run."""
+    if body.assistant_id != GRAPH_ID:
+        # Stored assistants plug in here: their fields, overridden by the context's.
+        raise NotFound(f"no such assistant: {body.assistant_id!r} (the graph id is {GRAPH_ID!r})")
+    given: dict[str, Any] = {}
+    configurable = (body.config or {}).get("configurable") or {}
+    for source in (configurable, body.context or {}):
+        given.update({k: v for k, v in source.items() if k in DEFINITION_FIELDS})
+    try:
+        create = native.CreateSession.model_validate({"prompt": first_text, **given})
+    except ValidationError as exc:
+        errors = [{**err, "loc": ("body", "context", *err["loc"])} for err in exc.errors()]
+        raise RequestValidationError(errors) from None
+    await check_tool_names(services, create)
+    return thread_store.Definition(
+        model=create.model or services.settings.model,
+        script=[turn.model_dump(exclude_none=True) for turn in create.script]
+        if create.script is not None
+        else None,
+        tools=create.tools,
+        instructions=create.instructions,
+        model_settings=create.modelSettings.model_dump(exclude_none=True)
+        if create.modelSettings
+        else {},
+        approval_required=create.approvalRequired,
+        title=default_title(first_text),
+    )
+
+
+async def start_run(
+    services: Services, owner: str, thread_id: UUID, body: RunCreate
+) -> tuple[dict[str, Any], fold.Run]:
+    """Write what starts (or joins) a run: decisions and answers for `command.resume`, then
+    the input's messages; the run is the one that holds the first event written."""
+    if body.command is not None and (
+        body.command.goto is not None or body.command.update is not None
+    ):
+        raise InputNotSupported(
+            "command.goto and command.update have no Ferryman counterpart", "command"
+        )
+    resume = body.command.resume if body.command is not None else None
+    texts = input_texts(body)
+    if not texts and resume is None:
+        raise InputNotSupported("a run needs input.messages or command.resume")
+    strategy = body.multitask_strategy or "reject"
+    if strategy == "rollback":
+        raise NotServed(
+            "multitask_strategy rollback: Ferryman's log is append-only, a run's events cannot"
+            " be dropped; use interrupt"
+        )
+    # Checked before any lock is taken: the assistant, and the definition a first run gives.
+    definition = await definition_of(services, body, texts[0] if texts else "resume")
+    if strategy == "interrupt":
+        async with services.db.transaction() as conn:
+            row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+            if row["status"] in BUSY:
+                with contextlib.suppress(SessionAlreadyTerminal):
+                    await session_store.request_cancel(conn, owner, thread_id)
+        if row["status"] in BUSY:
+            await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
+    async with services.db.transaction() as conn:
+        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+        # No run open: what is written now opens one (`fold.runs_of`).
+        opens = row["status"] not in BUSY
+        if not opens and strategy == "reject":
+            raise ThreadBusy(
+                "the thread has a run in progress (multitask_strategy reject)",
+                threadStatus="busy",
+            )
+        if row["status"] == "idle" and int(row["last_seq"]) == 0:
+            row = await thread_store.set_definition(conn, thread_id, definition) or row
+        first: int | None = None
+        if resume is not None:
+            first = await _answer(conn, owner, row, resume)
+        for text in texts:
+            event, _ = await session_store.post_message(conn, owner, thread_id, text)
+            first = first or int(event["seq"])
+        assert first is not None
+        if opens:
+            now = datetime.now(UTC)
+            return row, fold.Run(fold.run_id(thread_id, first), first, None, "pending", now, now)
+        for run in await runs_of_thread(conn, row):
+            if run.start_seq <= first and (run.end_seq is None or first <= run.end_seq):
+                return row, run
+    raise RunNotFound()
+
+
+async def _answer(conn: Connection, owner: str, row: dict[str, Any], resume: Any) -> int:
+    """Answer the thread's pending interrupts with `resume` (one value for all, or a map by
+    interrupt id): a question with a user message, an approval with its decision (the same
+    store function the native approval endpoint calls). The seq of the first event written."""
+    state = await load_fold(conn, row)
+    pending = state.pending if row["status"] == Status.WAITING else {}
+    if not pending:
+        raise NoPendingInterrupt("the thread has no pending interrupt to resume")
+    if isinstance(resume, dict) and resume and set(resume) <= set(pending):
+        answers = [(pending[k], v) for k, v in resume.items()]
+    elif isinstance(resume, dict) and any(k in pending for k in resume):
+        raise NoPendingInterrupt("the resume map names interrupts that are not pending")
+    else:
+        answers = [(interrupt, resume) for interrupt in pending.values()]
+    first: int | None = None
+    question = None
+    for interrupt, value in sorted(answers, key=lambda a: a[0].kind != "approval"):
+        if interrupt.kind == "approval":
+            approved, reason = _decision(value)
+            assert interrupt.tool_call_id is not None
+            event, _ = await session_store.decide_approval(
+                conn, owner, row["id"], interrupt.tool_call_id, approved, reason
+            )
+            first = first or int(event["seq"])
+        else:
+            question = value
+    if question is not None:
+        event, _ = await session_store.post_message(conn, owner, row["id"], _answer_text(question))
+        first = first or int(event["seq"])
+    assert first is not None
+    return first
+
+
+def _answer_text(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("text", "answer", "content"):
+            if isinstance(value.get(key), str):
+                value = value[key]
+                break
+    text = value if isinstance(value, str) else json.dumps(value)
+    if not text or len(text) > MAX_MESSAGE_CHARS:
+        raise InputNotSupported(
+            f"command.resume must be 1 to {MAX_MESSAGE_CHARS} characters", "command.resume"
+        )
+    return text
+
+
+_YES = frozenset({"approve", "approved", "accept", "yes", "y", "true", "allow"})
+
+
+def _decision(value: Any) -> tuple[bool, str | None]:
+    """(approved, reason) of a resume value for an approval: a bool, a word, or an object
+    with `approved` (or `type: accept`) and maybe `reason`."""
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, str):
+        return value.strip().lower() in _YES, None
+    if isinstance(value, dict):
+        approved = value.get("approved")
+        if approved is None:
+            approved = str(value.get("type", "")).lower() in _YES
+        reason = value.get("reason") or value.get("message")
+        return bool(approved), str(reason) if reason is not None else None
+    raise InputNotSupported(
+        "command.resume for an approval must be true/false, a word such as approve, or"
+        " {approved, reason?}"
+    )
+
+
+async def wait_run_end(
+    services: Services, owner: str, thread_id: UUID, run_id: str
+) -> tuple[dict[str, Any], fold.Run]:
+    """The run once it has ended (the client's disconnect cancels the wait)."""
+    changed = asyncio.Event()
+    with services.bus.subscribe(session_key(thread_id), lambda _: changed.set()):
+        while True:
+            changed.clear()
+            row, run = await find_run(services, owner, str(thread_id), run_id)
+            if run.end_seq is not None:
+                return row, run
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), RUN_WAIT_POLL)
+
+
+async def cancel_run(
+    services: Services, owner: str, thread_id: UUID, run: fold.Run, wait: bool
+) -> None:
+    if run.end_seq is not None:
+        return
+    async with services.db.transaction() as conn:
+        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+        if Status(row["status"]) not in TERMINAL:
+            await session_store.request_cancel(conn, owner, thread_id)
+    if wait:
+        await wait_run_end(services, owner, thread_id, run.id)

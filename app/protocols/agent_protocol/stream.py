@@ -1,0 +1,216 @@
+"""A run's protocol stream: the session's log through the process's feed (the same one the
+native session stream reads, so one read of each new event serves both), folded by
+`fold.ThreadFold` into protocol events, each with an id made of its log position. Resuming
+from a `Last-Event-ID` folds the log again from seq 1 and sends only what follows that id, so
+any API process, after any restart, sends the same events with the same ids. Token chunks are
+numbered by the worker and stored (app/store/deltas.py): a stream that starts in the middle of
+a turn sends the turn's stored chunks it has not sent, and a live chunk that shows a gap has
+the missing ones read from the store first."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from app.api.streams import session_source
+from app.db.pool import UNAVAILABLE_ERRORS
+from app.protocols.agent_protocol import fold
+from app.services import Services
+from app.streams.feed import Follower, StoredChunks
+from app.streams.frames import PING, Ephemeral, Event, retry, sse_frame
+from app.streams.sse import wait_any
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# Protocol events of chunks the worker did not number come after any numbered ones.
+_UNNUMBERED = 10**9
+
+
+def _frame_data(frame: bytes) -> dict[str, Any]:
+    """The envelope of a feed's frame (`data: <json>` is its last line)."""
+    start = frame.index(b"\ndata: ") + 7
+    parsed: dict[str, Any] = json.loads(frame[start:])
+    return parsed
+
+
+class RunStream:
+    """The protocol events of one run for one client, from its cursor on."""
+
+    def __init__(
+        self,
+        row: dict[str, Any],
+        run: fold.Run,
+        after: fold.Position | None,
+        events: frozenset[str],
+    ) -> None:
+        self.run = run
+        self.after = after
+        self.events = events
+        self.state = fold.ThreadFold(row["id"], model=row["model"], run=run.id)
+        self.cursor = 0  # the last log event folded
+        self.ended = False
+        self.seen: tuple[int, int] = (0, 0)  # the last numbered chunk folded: (after, chunk)
+        self.unnumbered: dict[int, int] = {}  # protocol events of unnumbered chunks, by after
+        self.deltas: list[Ephemeral] = []
+
+    def _out(self, name: str, data: Any, position: fold.Position) -> bytes | None:
+        if name == "end":
+            self.ended = True
+        if self.after is not None and position <= self.after:
+            return None
+        if name not in self.events:
+            return None
+        return sse_frame(name, _json(data), fold.event_id(position))
+
+    def durable(self, event: Event) -> list[bytes]:
+        envelope = _frame_data(event.live)
+        seq = event.id
+        in_run = seq >= self.run.start_seq and not self.ended
+        produced = self.state.apply(envelope, in_run)
+        if seq == self.run.start_seq:
+            metadata = {"run_id": self.run.id, "attempt": envelope["attempt"]}
+            produced.insert(0, ("metadata", metadata))
+        self.cursor = seq
+        frames = []
+        for j, (name, data) in enumerate(produced):
+            frame = self._out(name, data, (seq, 0, j))
+            if frame is not None:
+                frames.append(frame)
+        return frames
+
+    def chunk(self, delta: Ephemeral) -> list[bytes]:
+        """Fold a token chunk in: the frames of its protocol events, two per chunk: chunk c of
+        the turn after event a gives ids a.2c-1 and a.2c, where a is the last event sent when
+        that is later than the turn's (another writer's event, such as a steering message,
+        came while it streamed), so that ids only ever grow."""
+        place = max(delta.after, self.cursor)
+        text = _frame_data(delta.frame).get("data", {}).get("text", "")
+        frames = []
+        for j, (name, data) in enumerate(self.state.chunk(delta.after, text)):
+            if delta.chunk:
+                k = 2 * (delta.chunk - 1) + j + 1
+            else:
+                k = self.unnumbered.get(place, _UNNUMBERED) + 1
+                self.unnumbered[place] = k
+            frame = self._out(name, data, (place, 1, k))
+            if frame is not None:
+                frames.append(frame)
+        if delta.chunk:
+            self.seen = (delta.after, delta.chunk)
+        return frames
+
+    def _sendable(self, delta: Ephemeral) -> bool:
+        return not (
+            self.ended
+            or not delta.frame
+            or delta.after < self.run.start_seq
+            or delta.after < self.state.settled
+            or (delta.chunk and (delta.after, delta.chunk) <= self.seen)
+        )
+
+    async def seen_before(self, chunks: StoredChunks | None) -> None:
+        """Fold in the stored chunks the client saw before it reconnected (its cursor is a
+        chunk's), so the turn's last chunk carries only the text it has not had."""
+        if chunks is None or self.after is None or self.after[1] != 1:
+            return
+        cursor, _, k = self.after
+        turn = await chunks.open_turn(cursor, 0, 0)
+        if turn is None:
+            return
+        for delta in turn[1]:
+            if delta.chunk <= (k + 1) // 2:
+                self.chunk(delta)
+
+    async def open_turn(self, chunks: StoredChunks | None) -> list[bytes]:
+        """The stored chunks of the turn open at the log's head, not folded yet."""
+        if chunks is None or self.ended:
+            return []
+        seen_seq, seen_chunk = self.seen if self.seen[0] else (self.cursor, 0)
+        turn = await chunks.open_turn(self.cursor, seen_seq, seen_chunk)
+        if turn is None:
+            return []
+        frames: list[bytes] = []
+        for delta in turn[1]:
+            if self._sendable(delta):
+                frames.extend(self.chunk(delta))
+        return frames
+
+    async def live(self, chunks: StoredChunks | None) -> list[bytes]:
+        """Frames of the live chunks that follow events already folded (the others wait),
+        the stored ones missed before each first."""
+        frames: list[bytes] = []
+        while self.deltas and self.deltas[0].after <= self.cursor:
+            delta = self.deltas.pop(0)
+            if not self._sendable(delta):
+                continue
+            first = self.seen[1] + 1 if delta.after == self.seen[0] else 1
+            if delta.chunk > first and chunks is not None:
+                for missed in await chunks.between(delta.after, first, delta.chunk):
+                    frames.extend(self.chunk(missed))
+            frames.extend(self.chunk(delta))
+        return frames
+
+
+async def run_events(
+    services: Services, row: dict[str, Any], stream: RunStream
+) -> AsyncGenerator[bytes, None]:
+    settings = services.settings
+    shutdown = services.shutdown
+    yield retry(settings.sse_retry_ms)
+    services.hub.watch_shutdown(shutdown)
+    source = session_source(services, row["id"], row["owner_id"])
+    async with services.hub.attach(source, tick_interval=settings.ping_interval) as feed:
+        ready = await wait_any(
+            feed.ready, feed.unreadable, shutdown, timeout=settings.ping_interval
+        )
+        if not ready:
+            yield PING
+            await wait_any(feed.ready, feed.unreadable, shutdown, timeout=3600)
+        seen = feed.ephemeral_count
+        follower = Follower(None, 0, 0, seen)
+        with contextlib.suppress(*UNAVAILABLE_ERRORS):  # best effort, as the stored chunks are
+            await stream.seen_before(source.chunks)
+        caught_up = False
+        sent = True
+        while not shutdown.is_set() and not feed.unreadable.is_set():
+            generation = feed.generation
+            try:
+                events = await feed.read(stream.cursor)
+                if events and events[0].id != stream.cursor + 1:
+                    return  # the log no longer reaches back (a purged session)
+                frames: list[bytes] = []
+                for event in events:
+                    frames.extend(stream.durable(event))
+                    if stream.ended:
+                        break
+                if not events and not caught_up:
+                    # At the head: the turn streaming now, from the store; live from here.
+                    caught_up = True
+                    frames.extend(await stream.open_turn(source.chunks))
+                new, seen = feed.ephemeral_since(seen)
+                stream.deltas.extend(new)
+                frames.extend(await stream.live(source.chunks))
+            except UNAVAILABLE_ERRORS:
+                yield PING
+                await asyncio.sleep(min(settings.ping_interval, 1.0))
+                continue
+            if frames:
+                yield b"".join(frames)
+                sent = True
+            if stream.ended:
+                return
+            if events:
+                continue
+            if feed.closed:
+                return
+            if not sent:
+                yield PING  # woken by the keep-alive tick with nothing to send
+            sent = False
+            follower.cursor, follower.ephemeral_seen = stream.cursor, seen
+            await feed.park(follower, generation)

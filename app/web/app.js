@@ -2,6 +2,7 @@
 // (live from its session stream), and the actions that fit its state.
 
 import {api, auth, sessionPath, streamUrl} from './api.js';
+import {AssistantNames, AssistantsView, assistantLabel} from './assistants.js';
 import {ChatView} from './chat.js';
 import {Conversation, SESSION_EVENT_TYPES, TERMINAL, shortWorker} from './conversation.js';
 import {CreateForm} from './create.js';
@@ -39,6 +40,11 @@ const createForm = new CreateForm({onCreated: (session) => {
   state.list.put(session, state.list.lastEventId);
   renderList();
   openSession(session.id);
+}});
+const assistantNames = new AssistantNames();
+const assistantsView = new AssistantsView({names: assistantNames, onStart: (assistant) => {
+  $('assistants-dialog').close();
+  createForm.show(assistant.id);
 }});
 
 // --- problems and connection ------------------------------------------------------------------
@@ -366,6 +372,7 @@ function renderDetails(s, status) {
     const usage = s.usage || {};
     add('Usage', `${usage.inputTokens ?? 0} in · ${usage.outputTokens ?? 0} out · ${usage.cachedTokens ?? 0} cached`);
     add('Model', s.model);
+    if (s.assistant) add('Assistant', assistantButton(s.assistant));
     add('Created', h('time', {datetime: s.createdAt, text: when(s.createdAt)}));
     add('Updated', h('time', {datetime: s.updatedAt, text: when(s.updatedAt)}));
     if (s.error) add('Error', h('span', {class: 'error-text', text: `${s.error.code}: ${s.error.message}`}));
@@ -380,6 +387,16 @@ function renderDetails(s, status) {
     add('Id', h('code', {text: s.id}));
   }
   $('details').replaceChildren(...rows);
+}
+
+// The assistant a session was created from, and the version it keeps: opens it.
+function assistantButton(ref) {
+  const button = h('button', {
+    class: 'link', type: 'button', id: 'session-assistant', text: assistantLabel(ref, undefined),
+    onclick: () => assistantsView.show(ref.id),
+  });
+  assistantNames.get(ref.id).then((assistant) => { button.textContent = assistantLabel(ref, assistant); });
+  return button;
 }
 
 function renderActions(s, status) {
@@ -433,6 +450,7 @@ function restartAll() {
 $('tab-chat').addEventListener('click', () => showTab('chat'));
 $('tab-events').addEventListener('click', () => showTab('events'));
 $('new-session').addEventListener('click', () => createForm.show());
+$('assistants-button').addEventListener('click', () => assistantsView.show());
 $('welcome-create').addEventListener('click', () => createForm.show());
 $('more').addEventListener('click', loadMore);
 $('sessions-scroll').addEventListener('scroll', fillScreen, {passive: true});

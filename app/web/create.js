@@ -1,6 +1,7 @@
 // The "new session" form: every option of the create body, and errors shown at their field.
 
 import {api, ApiError} from './api.js';
+import {AssistantPicker} from './assistants.js';
 import {$, h} from './dom.js';
 
 export const EXAMPLE_SCRIPT = [
@@ -10,7 +11,7 @@ export const EXAMPLE_SCRIPT = [
 ];
 
 // The form's fields, by the path the API names them with in a 422 (`modelSettings.topP`).
-const FIELDS = ['prompt', 'title', 'model', 'instructions', 'script', 'tools', 'approvalRequired',
+const FIELDS = ['assistantId', 'assistantVersion', 'prompt', 'title', 'model', 'instructions', 'script', 'tools', 'approvalRequired',
   'modelSettings.temperature', 'modelSettings.topP', 'modelSettings.maxTokens',
   'modelSettings.toolChoice', 'modelSettings.parallelToolCalls', 'modelSettings.stop',
   'modelSettings.reasoningEffort', 'modelSettings', 'body'];
@@ -21,6 +22,7 @@ export class CreateForm {
     this.form = $('create-form');
     this.onCreated = onCreated;
     this.tools = null;
+    this.picker = new AssistantPicker();
     this.form.addEventListener('submit', (event) => { event.preventDefault(); this.submit(); });
     $('create-cancel').addEventListener('click', () => this.dialog.close());
     $('script-example').addEventListener('click', () => {
@@ -29,11 +31,13 @@ export class CreateForm {
     this.form.elements.allTools.addEventListener('change', () => this.syncTools());
   }
 
-  async show() {
+  // `assistantId`: the assistant to start from (picked in the form otherwise).
+  async show(assistantId = '') {
     this.clearErrors();
     this.dialog.showModal();
     this.form.elements.prompt.focus();
-    await this.loadTools(); // again each time: workers come and go, and their tools with them
+    // Again each time: workers come and go with their tools, and assistants change.
+    await Promise.all([this.loadTools(), this.picker.load(assistantId)]);
   }
 
   async loadTools() {
@@ -82,7 +86,7 @@ export class CreateForm {
   // The create body from the form; throws an ApiError-like error naming a field for bad input.
   body() {
     const f = this.form.elements;
-    const body = {prompt: f.prompt.value};
+    const body = {...this.picker.fields(), prompt: f.prompt.value};
     const text = (name) => f[name].value.trim();
     if (text('title')) body.title = text('title');
     if (text('model')) body.model = text('model');

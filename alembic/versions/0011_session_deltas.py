@@ -13,7 +13,7 @@ Create Date: 2026-12-02
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

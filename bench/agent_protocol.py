@@ -59,6 +59,8 @@ import contextlib
 import json
 import math
 import os
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -95,6 +97,11 @@ TOOLS = ["put_note"]
 FERRYMAN_GRAPH = "ferryman"  # the graph id of Ferryman's agent loop on its protocol surface
 ASSISTANT_CONTEXT: dict[str, Any] = {"model": "scripted", "tools": TOOLS}
 RUN_CONTEXT: dict[str, Any] = {**ASSISTANT_CONTEXT, "script": SCRIPT}
+# `pip install py-spy` puts it beside this venv's python, which need not be on PATH.
+PY_SPY = next(
+    (str(p) for p in (Path(sys.executable).parent / "py-spy",) if p.exists()),
+    shutil.which("py-spy") or "py-spy",
+)
 RUN_TIMEOUT = 120.0  # seconds one run may take before it counts as failed
 
 
@@ -502,6 +509,7 @@ class Pass:
     first_token: list[float]
     durations: list[float]
     errors: list[str] = field(default_factory=list)
+    profile: Path | None = None  # the pass's py-spy recording (--py-spy)
 
     @property
     def figures(self) -> dict[str, float]:
@@ -526,6 +534,56 @@ class Pass:
         return figures
 
 
+def py_spy(
+    args: argparse.Namespace, server: Server, system: str
+) -> tuple[subprocess.Popen[bytes], Path] | None:
+    """py-spy recording the server through a measured pass, when `--py-spy DIR` asks for it:
+    DIR/<system>-<n>.txt, collapsed stacks (`summarize_profile` reads them)."""
+    if not args.py_spy:
+        return None
+    directory = Path(args.py_spy)
+    directory.mkdir(parents=True, exist_ok=True)
+    n = sum(1 for _ in directory.glob(f"{system}-*.txt")) + 1
+    out = directory / f"{system}-{n}.txt"
+    command = [args.py_spy_bin, "record", "-p", str(server.pid), "-o", str(out), "-f", "raw"]
+    proc = subprocess.Popen(
+        [*command, "-r", "100", "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, out
+
+
+# Frames on every request's stack or on every stack at all: they rank nothing.
+ON_EVERY_STACK = ("app/__main__.py", "app/cli/", "app/api/middleware.py")
+
+
+def summarize_profile(path: Path, top: int = 15) -> str:
+    """The functions of Ferryman's own code (app/) with the largest share of a py-spy
+    recording's samples, each counted once per stack it is on (inclusive)."""
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        total += int(count)
+        # py-spy names a frame `function (path:line)`, paths relative to the server's cwd
+        frames = {
+            f
+            for f in stack.split(";")
+            if ("(app/" in f or "/app/" in f) and not any(skip in f for skip in ON_EVERY_STACK)
+        }
+        for frame in frames:
+            function, _, where = frame.partition(" (")
+            name = f"{function} app/{where.rsplit('app/', 1)[-1].split(':')[0]}"
+            inclusive[name] = inclusive.get(name, 0) + int(count)
+    ranked = sorted(inclusive.items(), key=lambda item: -item[1])[:top]
+    lines = [f"{path}: {total} samples; app/ functions, inclusive share:"]
+    lines += [f"  {100 * n / max(total, 1):5.1f} %  {name}" for name, n in ranked]
+    return "\n".join(lines)
+
+
 def finite(values: Sequence[float]) -> list[float]:
     return [v for v in values if not math.isnan(v)]
 
@@ -547,9 +605,13 @@ def measure(
         if failed:
             raise SystemExit(f"{system}: {len(failed)} warm-up runs failed, e.g. {failed[0]}")
     time.sleep(args.settle)
+    spy = py_spy(args, server, system)
     before = snapshot(admin, server, statements)
     records, wall = loop_run(drive(driver, args.runs, args.in_flight))
     client_cpu = time.process_time() - before.client_cpu
+    if spy is not None:
+        spy[0].send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+        spy[0].wait(60)
     time.sleep(args.settle)
     after = snapshot(admin, server, statements)
     ok = [r for r in records if r.ok]
@@ -572,6 +634,7 @@ def measure(
         first_token=finite([r.first_token for r in ok]),
         durations=[r.done for r in ok],
         errors=[r.error for r in records if not r.ok],
+        profile=spy[1] if spy else None,
     )
 
 
@@ -796,6 +859,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
         command.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="for Aegra")
         command.add_argument("--logs", default="/tmp", help="where the servers' logs go")
+        command.add_argument(
+            "--py-spy",
+            metavar="DIR",
+            help="record the server with py-spy through each measured pass, into DIR",
+        )
+        command.add_argument("--py-spy-bin", default=PY_SPY)
     args = root.parse_args(argv)
     if args.command != "venv" and (args.runs < 1 or args.in_flight < 1 or args.rounds < 1):
         root.error("--runs, --in-flight and --rounds are at least 1")
@@ -843,6 +912,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 passes.append(result)
+    for recorded in passes:
+        if recorded.profile is not None and recorded.profile.exists():
+            print(summarize_profile(recorded.profile))
     print()
     print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(report(systems, passes))

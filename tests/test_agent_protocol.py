@@ -24,7 +24,14 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError
 from langgraph_sdk.schema import StreamPart
 
-from tests.support import ServerProcess, StartWorker, assert_problem, free_port, ready
+from tests.support import (
+    ServerProcess,
+    StartWorker,
+    assert_problem,
+    create_owner_key,
+    free_port,
+    ready,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -447,3 +454,67 @@ async def test_join_in_the_middle_of_a_turn(
     ids = [p.id for p in first + rest]
     assert len(set(ids)) == len(ids), ids
     assert list(streamed_texts(first + rest).values()) == [text]
+
+
+async def test_a_run_of_a_stored_assistant(
+    sdk: LangGraphClient, protocol_api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    async with httpx.AsyncClient(
+        base_url=protocol_api.url, headers={"Authorization": f"Bearer {key}"}
+    ) as http:
+        made = await http.post("/api/assistants", json={"name": "echo", "model": "scripted"})
+        assert made.status_code == 201, made.text
+        assistant = made.json()
+        tid = (await sdk.threads.create())["thread_id"]
+        values = await sdk.runs.wait(
+            tid, assistant["id"], input={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert values["messages"][-1]["content"] == "You said: hi"
+        session = (await http.get(f"/api/agent/{tid}")).json()
+        assert session["assistant"] == {"id": assistant["id"], "version": 1}
+    with pytest.raises(NotFoundError):
+        await sdk.runs.create(
+            tid, "no-such-assistant", input={"messages": [{"role": "user", "content": "x"}]}
+        )
+
+
+async def test_a_client_that_leaves_cancels_when_it_asked(
+    sdk: LangGraphClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    script = [{"toolCalls": [{"name": "sleep", "arguments": {"seconds": 60}}]}, {"text": "late"}]
+    run_id = None
+    async for part in sdk.runs.stream(
+        tid,
+        GRAPH,
+        input={"messages": [{"role": "user", "content": "wait"}]},
+        context=context(script),
+        stream_mode=["events"],
+        on_disconnect="cancel",
+    ):
+        run_id = run_id or part.data["run_id"]
+        if part.event == "events" and part.data["event"] == "on_tool_start":
+            break  # the client goes away
+    assert run_id is not None
+    for _ in range(200):
+        if (await sdk.runs.get(tid, run_id))["status"] == "interrupted":
+            break
+        await asyncio.sleep(0.05)
+    assert (await sdk.runs.get(tid, run_id))["status"] == "interrupted"
+
+
+async def test_another_owners_thread_is_not_found(
+    sdk: LangGraphClient, protocol_api: ServerProcess, isolated_db: str
+) -> None:
+    tid = (await sdk.threads.create())["thread_id"]
+    other = get_client(
+        url=f"{protocol_api.url}/agent-protocol", api_key=create_owner_key(isolated_db)[1]
+    )
+    with pytest.raises(NotFoundError):
+        await other.threads.get(tid)
+    with pytest.raises(NotFoundError):
+        await other.runs.list(tid)
+    assert await other.threads.search() == []
+    await other.http.client.aclose()

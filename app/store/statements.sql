@@ -693,6 +693,7 @@ SELECT * FROM updated;
 -- name: set_thread_definition
 UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
                     model_settings = %s, approval_required = %s, title = %s,
+                    assistant_id = %s, assistant_version = %s,
                     updated_at = clock_timestamp()
 WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,

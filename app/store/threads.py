@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.domain import SessionEventType
-from app.store.sessions import SESSION_COLUMNS
+from app.store.sessions import SESSION_COLUMNS, NewSession
 from app.store.statements import statement
 
 # The sort keys a thread search takes, and the column each orders by.
@@ -63,6 +63,7 @@ _SET_DEFINITION = statement(
     f"""
     UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
                         model_settings = %s, approval_required = %s, title = %s,
+                        assistant_id = %s, assistant_version = %s,
                         updated_at = clock_timestamp()
     WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING {SESSION_COLUMNS}
     """,
@@ -132,21 +133,8 @@ async def merge_metadata(
     return row
 
 
-@dataclass(frozen=True)
-class Definition:
-    """What an agent run needs of a session: the fields a create body gives."""
-
-    model: str
-    script: list[dict[str, Any]] | None
-    tools: list[str] | None
-    instructions: str | None
-    model_settings: dict[str, Any]
-    approval_required: list[str] | None
-    title: str
-
-
 async def set_definition(
-    conn: Connection, session_id: UUID, new: Definition
+    conn: Connection, session_id: UUID, new: NewSession
 ) -> dict[str, Any] | None:
     """Give an idle session that has no event yet its agent definition: the row, or None if it
     was not such a session."""
@@ -160,6 +148,8 @@ async def set_definition(
             Jsonb(new.model_settings),
             Jsonb(new.approval_required) if new.approval_required is not None else None,
             new.title,
+            new.assistant_id,
+            new.assistant_version,
             session_id,
         ),
     )

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID, uuid4
@@ -22,7 +23,8 @@ from app.store import sessions as session_store
 
 router = APIRouter(tags=["agent-protocol"])
 
-RunStatusFilter = Annotated[str | None, Query(max_length=20)]
+# Cancels of runs whose client left (`on_disconnect: cancel`), held until done.
+_CANCELS: set[asyncio.Task[None]] = set()
 
 
 def _run_path(request: Request, thread_id: str, run_id: str) -> str:
@@ -64,12 +66,22 @@ def _stream(
     run: fold.Run,
     modes: list[str] | None,
     last_event_id: str | None,
+    cancel_on_disconnect: bool = False,
 ) -> StreamingResponse:
     events = fold.wanted_events(modes) if modes else fold.ALL_EVENTS
     stream = RunStream(row, run, fold.parse_event_id(last_event_id), events)
     body = run_events(services, row, stream)
+
+    def release() -> None:
+        services.slots.give_back(owner)
+        if cancel_on_disconnect and not stream.ended and not services.shutdown.is_set():
+            # The client left before the run ended and asked for it to stop then.
+            task = asyncio.create_task(service.cancel_run(services, owner, row["id"], run, False))
+            _CANCELS.add(task)
+            task.add_done_callback(_CANCELS.discard)
+
     services.slots.take(owner)  # last: nothing after this can fail and strand the slot
-    response = EventStreamResponse(body, lambda: services.slots.give_back(owner))
+    response = EventStreamResponse(body, release)
     path = _run_path(request, str(row["id"]), run.id)
     query = urlencode([("stream_mode", m) for m in modes or []])
     response.headers["Location"] = f"{path}/stream" + (f"?{query}" if query else "")
@@ -107,7 +119,8 @@ async def create_run_stream(
 ) -> StreamingResponse:
     sid = await _thread_for_run(services, owner, thread_id, body)
     row, run = await service.start_run(services, owner, sid, body)
-    return _stream(services, owner, request, row, run, body.modes(), None)
+    cancel = body.on_disconnect == "cancel"
+    return _stream(services, owner, request, row, run, body.modes(), None, cancel)
 
 
 @router.post("/threads/{thread_id}/runs/wait")
@@ -195,11 +208,14 @@ async def join_run_stream(
     request: Request,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=100)] = None,
     stream_mode: Annotated[list[str] | None, Query(max_length=20)] = None,
+    cancel_on_disconnect: Annotated[bool, Query()] = False,
 ) -> StreamingResponse:
     """The run's events after `Last-Event-ID` (from its start without one), then `end`."""
     row, run = await service.find_run(services, owner, thread_id, run_id)
     modes = [m for m in stream_mode or [] if m]
-    return _stream(services, owner, request, row, run, modes or None, last_event_id)
+    return _stream(
+        services, owner, request, row, run, modes or None, last_event_id, cancel_on_disconnect
+    )
 
 
 # --- without a thread ------------------------------------------------------------------------

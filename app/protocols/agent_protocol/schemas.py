@@ -87,6 +87,7 @@ class RunCreate(Body):
     if_not_exists: Literal["create", "reject"] | None = None
     on_completion: Literal["delete", "keep"] | None = None
     stream_resumable: bool | None = None
+    on_disconnect: Literal["cancel", "continue"] | None = None
     checkpoint_id: str | None = None
     checkpoint: dict[str, Any] | None = None
     interrupt_before: Any = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -15,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api import schemas as native
+from app.api.definitions import resolve_session
 from app.api.sessions import _wait_terminal
-from app.api.tool_names import check_tool_names
 from app.db.pool import Connection
 from app.domain import MAX_MESSAGE_CHARS, TERMINAL, Status, default_title, rfc3339
 from app.errors import (
@@ -36,6 +37,7 @@ from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store import threads as thread_store
 from app.store.notify import session_key
+from app.store.sessions import NewSession
 from app.streams.frames import session_envelope
 
 # Where app/main.py mounts the protocol.
@@ -294,36 +296,22 @@ def _human_text(message: Any, index: int) -> str:
     return content
 
 
-async def definition_of(
-    services: Services, body: RunCreate, first_text: str
-) -> thread_store.Definition:
-    """The agent definition a run's assistant and context give a thread's first run."""
-    if body.assistant_id != GRAPH_ID:
-        # Stored assistants plug in here: their fields, overridden by the context's.
-        raise NotFound(f"no such assistant: {body.assistant_id!r} (the graph id is {GRAPH_ID!r})")
+async def definition_of(services: Services, owner: str, body: RunCreate) -> NewSession:
+    """The agent definition a thread's first run gives it: the assistant's (a stored one by
+    its id, pinned as the native API pins it; none for the graph id), overridden by what the
+    run's `config.configurable` and `context` carry, checked as a native create body."""
     given: dict[str, Any] = {}
     configurable = (body.config or {}).get("configurable") or {}
     for source in (configurable, body.context or {}):
         given.update({k: v for k, v in source.items() if k in DEFINITION_FIELDS})
+    if body.assistant_id != GRAPH_ID:
+        given["assistantId"] = body.assistant_id
     try:
-        create = native.CreateSession.model_validate({"prompt": first_text, **given})
+        create = native.CreateSession.model_validate(given)
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", "context", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors) from None
-    await check_tool_names(services, create)
-    return thread_store.Definition(
-        model=create.model or services.settings.model,
-        script=[turn.model_dump(exclude_none=True) for turn in create.script]
-        if create.script is not None
-        else None,
-        tools=create.tools,
-        instructions=create.instructions,
-        model_settings=create.modelSettings.model_dump(exclude_none=True)
-        if create.modelSettings
-        else {},
-        approval_required=create.approvalRequired,
-        title=default_title(first_text),
-    )
+    return await resolve_session(services, owner, create)
 
 
 async def start_run(
@@ -348,7 +336,7 @@ async def start_run(
             " be dropped; use interrupt"
         )
     # Checked before any lock is taken: the assistant, and the definition a first run gives.
-    definition = await definition_of(services, body, texts[0] if texts else "resume")
+    definition = await definition_of(services, owner, body)
     if strategy == "interrupt":
         async with services.db.transaction() as conn:
             row = await session_store.get_session(conn, owner, thread_id, for_update=True)
@@ -367,7 +355,8 @@ async def start_run(
                 threadStatus="busy",
             )
         if row["status"] == "idle" and int(row["last_seq"]) == 0:
-            row = await thread_store.set_definition(conn, thread_id, definition) or row
+            named = replace(definition, title=default_title(texts[0] if texts else "resume"))
+            row = await thread_store.set_definition(conn, thread_id, named) or row
         first: int | None = None
         if resume is not None:
             first = await _answer(conn, owner, row, resume)

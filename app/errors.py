@@ -43,6 +43,7 @@ class ProblemCode(StrEnum):
     NO_PENDING_INTERRUPT = "NO_PENDING_INTERRUPT"
     INPUT_NOT_SUPPORTED = "INPUT_NOT_SUPPORTED"
     NOT_SERVED = "NOT_SERVED"
+    ASSISTANT_EXISTS = "ASSISTANT_EXISTS"
 
 
 class FerrymanError(Exception):
@@ -154,6 +155,16 @@ class InputNotSupported(FerrymanError):
 
 class NotServed(FerrymanError):
     status, code, title = 501, ProblemCode.NOT_SERVED, "Not Implemented"
+
+
+class AssistantExists(FerrymanError):
+    status, code, title = 409, ProblemCode.ASSISTANT_EXISTS, "Conflict"
+
+    def __init__(self, assistant_id: str) -> None:
+        super().__init__(
+            f"assistant {assistant_id} exists; leave assistant_id out for a new one",
+            assistantId=assistant_id,
+        )
 
 
 class FenceRefused(Exception):

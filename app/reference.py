@@ -26,6 +26,7 @@ from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.domain import SessionErrorCode
 from app.errors import FerrymanError, ProblemCode
+from app.protocols.agent_protocol import assistants as protocol_assistants
 from app.store import deltas
 from app.streams import frames
 
@@ -131,7 +132,7 @@ SETTINGS: dict[str, str] = {
 }
 
 # Modules whose MAX_* and *LIMIT* constants bound what a client or a model may send.
-LIMIT_MODULES = (domain, schemas, config, builtin, frames, deltas)
+LIMIT_MODULES = (domain, schemas, config, builtin, frames, deltas, protocol_assistants)
 NAMED_LIMITS: dict[str, str] = {
     "MAX_PROMPT_CHARS": "A session's `prompt`, in characters.",
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
@@ -144,6 +145,10 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_TOOLS": "Names in `tools`, and in `approvalRequired`.",
     "MAX_INSTRUCTIONS_CHARS": "A session's `instructions`, in characters.",
     "MAX_STOP_SEQUENCES": "Strings in `modelSettings.stop`.",
+    "MAX_ASSISTANT_SEARCH_LIMIT": "Agent Protocol: `limit` of an assistants search and of an"
+    " assistant's versions.",
+    "MAX_ASSISTANT_SEARCH_OFFSET": "Agent Protocol: `offset` of an assistants search and of an"
+    " assistant's versions.",
     "MAX_IDEMPOTENCY_KEY_CHARS": "The `Idempotency-Key` header, in characters.",
     "MAX_ASSISTANT_NAME_CHARS": "An assistant's `name`, in characters.",
     "MAX_ASSISTANT_DESCRIPTION_CHARS": "An assistant's `description`, in characters.",
@@ -267,6 +272,11 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         501,
         "Agent Protocol: a part of the protocol Ferryman does not serve (docs/langgraph.md"
         " lists them).",
+    ),
+    ProblemCode.ASSISTANT_EXISTS: (
+        409,
+        "Agent Protocol: `POST /assistants` with an `assistant_id` that is taken (with"
+        " `if_exists: do_nothing`, the caller's own assistant answers 200 instead).",
     ),
 }
 

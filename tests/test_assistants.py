@@ -370,3 +370,60 @@ async def test_a_new_session_takes_the_latest_version(
         session = await wait_for_status(http, created.json()["id"], TERMINAL, timeout=30)
     assert session["status"] == "succeeded" and session["assistant"]["version"] == 2
     assert fake.requests[0].body["messages"][0] == {"role": "system", "content": "Version two."}
+
+
+async def test_limits_are_enforced(api: ServerProcess, isolated_db: str) -> None:
+    owner, key = create_owner_key(isolated_db)
+    async with client(api.url, key) as http:
+        aid = (await create_assistant(http))["id"]
+        # Version MAX_ASSISTANT_VERSIONS (1000) is the last an assistant may have.
+        await query(
+            isolated_db,
+            "INSERT INTO assistant_versions (assistant_id, version, name, model)"
+            " VALUES (%s, 1000, 'last', 'scripted')",
+            (aid,),
+        )
+        await query(isolated_db, "UPDATE assistants SET version = 1000 WHERE id = %s", (aid,))
+        assert (await http.get(f"/api/assistants/{aid}")).json()["name"] == "last"
+        problem = assert_problem(
+            await http.patch(f"/api/assistants/{aid}", json={"name": "more"}),
+            409,
+            "ASSISTANT_LIMIT_REACHED",
+        )
+        assert "MAX_ASSISTANT_VERSIONS" in problem["detail"]
+        # MAX_ASSISTANTS_PER_OWNER (1000) live ones; a deleted one leaves room.
+        await query(
+            isolated_db,
+            "INSERT INTO assistants (id, owner_id, version)"
+            " SELECT gen_random_uuid(), %s, 1 FROM generate_series(1, 999)",
+            (owner,),
+        )
+        problem = assert_problem(
+            await http.post("/api/assistants", json=DEFINITION), 409, "ASSISTANT_LIMIT_REACHED"
+        )
+        assert "MAX_ASSISTANTS_PER_OWNER" in problem["detail"]
+        assert (await http.delete(f"/api/assistants/{aid}")).status_code == 204
+        assert (await http.post("/api/assistants", json=DEFINITION)).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"metadata": "[1]"},
+        {"metadata": "{"},
+        {"metadata": '{"a": "\\u0000"}'},
+        {"name": ""},
+        {"limit": 0},
+        {"limit": 201},
+    ],
+)
+async def test_bad_list_filters_are_refused(
+    api: ServerProcess, key: str, params: dict[str, Any]
+) -> None:
+    async with client(api.url, key) as http:
+        assert_problem(await http.get("/api/assistants", params=params), 422, "VALIDATION_ERROR")
+        assert_problem(
+            await http.get("/api/assistants", params={"pageToken": "nonsense"}),
+            400,
+            "INVALID_PAGE_TOKEN",
+        )

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.domain import MAX_ASSISTANT_VERSIONS, MAX_ASSISTANTS_PER_OWNER
-from app.errors import AssistantLimitReached, AssistantNotFound
+from app.errors import AssistantExists, AssistantLimitReached, AssistantNotFound
 from app.store.sessions import PageKey, like_literal
 from app.store.statements import statement
 
@@ -101,9 +101,14 @@ _LOCK = statement(
 
 
 async def create(
-    conn: Connection, owner_id: str, definition: AssistantDefinition
+    conn: Connection,
+    owner_id: str,
+    definition: AssistantDefinition,
+    assistant_id: UUID | None = None,
 ) -> dict[str, Any]:
-    """A new assistant at version 1; AssistantLimitReached past MAX_ASSISTANTS_PER_OWNER."""
+    """A new assistant at version 1; AssistantLimitReached past MAX_ASSISTANTS_PER_OWNER.
+    `assistant_id`: the caller's choice (the Agent Protocol's), AssistantExists when taken
+    (by anyone's assistant, deleted or not: an id is never reused)."""
     # One owner's creates take turns, so two of them cannot both pass the count.
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext('assistants:' || %s))", (owner_id,))
     cur = await conn.execute(
@@ -117,11 +122,14 @@ async def create(
             f"this owner has {MAX_ASSISTANTS_PER_OWNER} assistants, the most allowed"
             " (MAX_ASSISTANTS_PER_OWNER); delete one first"
         )
-    assistant_id = uuid4()
-    await conn.execute(
-        "INSERT INTO assistants (id, owner_id, version) VALUES (%s, %s, 1)",
+    assistant_id = assistant_id or uuid4()
+    cur = await conn.execute(
+        "INSERT INTO assistants (id, owner_id, version) VALUES (%s, %s, 1)"
+        " ON CONFLICT (id) DO NOTHING RETURNING id",
         (assistant_id, owner_id),
     )
+    if await cur.fetchone() is None:
+        raise AssistantExists(str(assistant_id))
     await _insert_version(conn, assistant_id, 1, definition)
     return await get(conn, owner_id, assistant_id)
 

@@ -2,8 +2,9 @@
 // versions, in a dialog of their own; the form that creates one or edits it (every edit is a new
 // version); the names sessions show for the assistant they were created from.
 
-import {api, ApiError} from './api.js';
+import {api} from './api.js';
 import {$, h, json, when} from './dom.js';
+import {FieldErrors, parseJson} from './fields.js';
 
 const PAGE_SIZE = 50;
 
@@ -84,7 +85,7 @@ export class AssistantsView {
     const generation = ++this.generation;
     const query = new URLSearchParams({limit: String(PAGE_SIZE)});
     const search = $('assistant-search').value.trim();
-    if (search) query.set('q', search);
+    if (search) query.set('name', search);
     if (pageToken) query.set('pageToken', pageToken);
     let page;
     try {
@@ -220,13 +221,14 @@ export class AssistantForm {
     this.form = $('assistant-form');
     this.onSaved = onSaved;
     this.editing = null;
+    this.errors = new FieldErrors(this.form, $('assistant-form-problem'), FIELDS);
     this.form.addEventListener('submit', (event) => { event.preventDefault(); this.submit(); });
     $('assistant-form-cancel').addEventListener('click', () => this.dialog.close());
   }
 
   open(assistant) {
     this.editing = assistant;
-    this.clearErrors();
+    this.errors.clear();
     const f = this.form.elements;
     const a = assistant || {};
     f.name.value = a.name || '';
@@ -277,37 +279,24 @@ export class AssistantForm {
   }
 
   async submit() {
-    this.clearErrors();
+    this.errors.clear();
     const button = $('assistant-form-submit');
     button.disabled = true;
     try {
       const body = this.body();
+      if (this.editing && !Object.keys(body).length) {
+        this.dialog.close(); // nothing changed: no new version
+        return;
+      }
       const assistant = this.editing
         ? await api('PATCH', assistantPath(this.editing.id), body)
         : await api('POST', '/api/assistants', body);
       this.dialog.close();
       await this.onSaved(assistant);
     } catch (error) {
-      this.showErrors(error);
+      this.errors.show(error);
     } finally {
       button.disabled = false;
-    }
-  }
-
-  clearErrors() {
-    $('assistant-form-problem').textContent = '';
-    for (const el of this.form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
-    for (const el of this.form.querySelectorAll('.field-error')) el.remove();
-  }
-
-  showErrors(error) {
-    $('assistant-form-problem').textContent = error.message;
-    for (const {field, message} of (error instanceof ApiError ? error.fields : [])) {
-      const name = String(field).split('.')[0];
-      if (!FIELDS.includes(name)) continue;
-      const target = this.form.querySelector(`[data-field="${CSS.escape(name)}"]`);
-      target.setAttribute('aria-invalid', 'true');
-      target.closest('label')?.append(h('p', {class: 'field-error', text: `${field}: ${message}`}));
     }
   }
 }
@@ -317,14 +306,6 @@ function emptyIsNull(value) {
   if (typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length === 0) return null;
   if (Array.isArray(value) && value.length === 0) return null;
   return value;
-}
-
-function parseJson(field, text) {
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw new ApiError(422, {code: 'VALIDATION_ERROR', errors: [{field, message: `is not valid JSON (${error.message})`, type: 'client'}]});
-  }
 }
 
 // The create form's assistant picker: the owner's assistants, and the versions of the one picked.

@@ -1,8 +1,9 @@
 // The "new session" form: every option of the create body, and errors shown at their field.
 
-import {api, ApiError} from './api.js';
+import {api} from './api.js';
 import {AssistantPicker} from './assistants.js';
 import {$, h} from './dom.js';
+import {FieldErrors, fieldError, parseJson} from './fields.js';
 
 export const EXAMPLE_SCRIPT = [
   {text: 'Let me note that down.', toolCalls: [{name: 'put_note', arguments: {key: 'plan', text: 'ship it'}}]},
@@ -22,6 +23,7 @@ export class CreateForm {
     this.form = $('create-form');
     this.onCreated = onCreated;
     this.tools = null;
+    this.errors = new FieldErrors(this.form, $('create-problem'), FIELDS);
     this.picker = new AssistantPicker();
     this.form.addEventListener('submit', (event) => { event.preventDefault(); this.submit(); });
     $('create-cancel').addEventListener('click', () => this.dialog.close());
@@ -33,7 +35,7 @@ export class CreateForm {
 
   // `assistantId`: the assistant to start from (picked in the form otherwise).
   async show(assistantId = '') {
-    this.clearErrors();
+    this.errors.clear();
     this.dialog.showModal();
     this.form.elements.prompt.focus();
     // Again each time: workers come and go with their tools, and assistants change.
@@ -121,7 +123,7 @@ export class CreateForm {
   }
 
   async submit() {
-    this.clearErrors();
+    this.errors.clear();
     const button = $('create-submit');
     button.disabled = true;
     try {
@@ -131,52 +133,9 @@ export class CreateForm {
       this.form.elements.title.value = '';
       this.onCreated(session);
     } catch (error) {
-      this.showErrors(error);
+      this.errors.show(error);
     } finally {
       button.disabled = false;
     }
   }
-
-  clearErrors() {
-    $('create-problem').textContent = '';
-    for (const el of this.form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
-    for (const el of this.form.querySelectorAll('.field-error')) el.remove();
-  }
-
-  showErrors(error) {
-    const fields = error instanceof ApiError ? error.fields : [];
-    $('create-problem').textContent = error.message;
-    for (const {field, message} of fields) {
-      const target = this.fieldElement(field);
-      if (!target) continue;
-      target.setAttribute('aria-invalid', 'true');
-      const folded = target.closest('details');
-      if (folded) folded.open = true;
-      const note = h('p', {class: 'field-error', text: `${field}: ${message}`});
-      target.closest('label, fieldset')?.append(note);
-    }
-  }
-
-  // The form control a field path points at: the longest known prefix of it.
-  fieldElement(path) {
-    const parts = String(path).split('.');
-    while (parts.length) {
-      const name = parts.join('.');
-      if (FIELDS.includes(name)) return this.form.querySelector(`[data-field="${CSS.escape(name)}"]`);
-      parts.pop();
-    }
-    return null;
-  }
-}
-
-function parseJson(field, text) {
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw fieldError(field, `is not valid JSON (${error.message})`);
-  }
-}
-
-function fieldError(field, message) {
-  return new ApiError(422, {code: 'VALIDATION_ERROR', errors: [{field, message, type: 'client'}]});
 }

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.protocols.agent_protocol import runs, threads, unserved
+from app.protocols.agent_protocol import assistants, runs, threads, unserved
 from app.protocols.agent_protocol.service import PREFIX
 
 router = APIRouter(prefix=PREFIX)
 router.include_router(unserved.router)  # first: /threads/prune is not a thread id
 router.include_router(threads.router)
 router.include_router(runs.router)
+router.include_router(assistants.router)
+router.include_router(assistants.not_served)  # last: what no route above serves

@@ -19,10 +19,12 @@ from ferryman._core import (
     MAX_LIST_LIMIT,
     MAX_TRANSCRIPT_LIMIT,
     STREAM_ERRORS,
+    UNSET,
     Call,
     ClientBase,
     Settings,
     Stream,
+    Unset,
 )
 from ferryman.errors import connection_error
 from ferryman.events import StreamEvent
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     # import pydantic (a CLI command starts faster without it).
     from ferryman.models import (
         ApprovalAccepted,
+        Assistant,
+        AssistantPage,
+        AssistantVersions,
         CancelAccepted,
         Event,
         MessageAccepted,
@@ -97,11 +102,14 @@ class Ferryman(ClientBase):
         script: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        assistant_id: str | None = None,
+        assistant_version: int | None = None,
     ) -> Session:
         """Create a queued session, or without `prompt` an idle one that runs at its first
-        `send_message`. `model_settings` and `script` are sent as they are (wire names:
-        `maxTokens`, `toolCalls`, ...). The same `idempotency_key` and body give back the same
-        session."""
+        `send_message`. With `assistant_id`, the session runs that assistant's definition (at
+        `assistant_version`, default its latest), overridden by the fields given here.
+        `model_settings` and `script` are sent as they are (wire names: `maxTokens`,
+        `toolCalls`, ...). The same `idempotency_key` and body give back the same session."""
         return self._call(
             _core.create_session(
                 prompt,
@@ -114,6 +122,8 @@ class Ferryman(ClientBase):
                 script=script,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                assistant_id=assistant_id,
+                assistant_version=assistant_version,
             )
         )
 
@@ -179,6 +189,90 @@ class Ferryman(ClientBase):
                 return
             after = page.next_after
 
+    # --- assistants --------------------------------------------------------------------------
+
+    def create_assistant(
+        self,
+        name: str,
+        *,
+        model: str,
+        description: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Assistant:
+        """Store an agent definition, at version 1; sessions run it with `assistant_id`."""
+        return self._call(
+            _core.create_assistant(
+                name,
+                model=model,
+                description=description,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                metadata=metadata,
+            )
+        )
+
+    def list_assistants(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> AssistantPage:
+        """One page, newest first: `name` in the name (any case), `metadata` contained in
+        theirs."""
+        return self._call(_core.list_assistants(name, metadata, limit, page_token))
+
+    def get_assistant(self, assistant_id: str) -> Assistant:
+        return self._call(_core.get_assistant(assistant_id))
+
+    def update_assistant(
+        self,
+        assistant_id: str,
+        *,
+        name: str | Unset = UNSET,
+        description: str | Unset | None = UNSET,
+        model: str | Unset = UNSET,
+        instructions: str | Unset | None = UNSET,
+        model_settings: dict[str, Any] | Unset | None = UNSET,
+        tools: list[str] | Unset | None = UNSET,
+        approval_required: list[str] | Unset | None = UNSET,
+        metadata: dict[str, Any] | Unset | None = UNSET,
+    ) -> Assistant:
+        """Write the next version with the fields given changed (None clears one; `name` and
+        `model` cannot be cleared). Sessions created from earlier versions keep theirs."""
+        return self._call(
+            _core.update_assistant(
+                assistant_id,
+                {
+                    "name": name,
+                    "description": description,
+                    "model": model,
+                    "instructions": instructions,
+                    "modelSettings": model_settings,
+                    "tools": tools,
+                    "approvalRequired": approval_required,
+                    "metadata": metadata,
+                },
+            )
+        )
+
+    def assistant_versions(
+        self, assistant_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> AssistantVersions:
+        """The assistant as each of its versions has it, newest first, one page."""
+        return self._call(_core.assistant_versions(assistant_id, limit, page_token))
+
+    def delete_assistant(self, assistant_id: str) -> None:
+        """Sessions created from it go on with the version they pinned."""
+        self._call(_core.delete_assistant(assistant_id))
+
     # --- streams -----------------------------------------------------------------------------
 
     def session_events(
@@ -243,6 +337,8 @@ class RawFerryman:
         script: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        assistant_id: str | None = None,
+        assistant_version: int | None = None,
     ) -> dict[str, Any]:
         return self._call(
             _core.create_session(
@@ -256,6 +352,8 @@ class RawFerryman:
                 script=script,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                assistant_id=assistant_id,
+                assistant_version=assistant_version,
             )
         )
 
@@ -296,6 +394,83 @@ class RawFerryman:
 
     def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
         return self._call(_core.transcript(session_id, after, limit))
+
+    # --- assistants --------------------------------------------------------------------------
+
+    def create_assistant(
+        self,
+        name: str,
+        *,
+        model: str,
+        description: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return self._call(
+            _core.create_assistant(
+                name,
+                model=model,
+                description=description,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                metadata=metadata,
+            )
+        )
+
+    def list_assistants(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> dict[str, Any]:
+        return self._call(_core.list_assistants(name, metadata, limit, page_token))
+
+    def get_assistant(self, assistant_id: str) -> dict[str, Any]:
+        return self._call(_core.get_assistant(assistant_id))
+
+    def update_assistant(
+        self,
+        assistant_id: str,
+        *,
+        name: str | Unset = UNSET,
+        description: str | Unset | None = UNSET,
+        model: str | Unset = UNSET,
+        instructions: str | Unset | None = UNSET,
+        model_settings: dict[str, Any] | Unset | None = UNSET,
+        tools: list[str] | Unset | None = UNSET,
+        approval_required: list[str] | Unset | None = UNSET,
+        metadata: dict[str, Any] | Unset | None = UNSET,
+    ) -> dict[str, Any]:
+        return self._call(
+            _core.update_assistant(
+                assistant_id,
+                {
+                    "name": name,
+                    "description": description,
+                    "model": model,
+                    "instructions": instructions,
+                    "modelSettings": model_settings,
+                    "tools": tools,
+                    "approvalRequired": approval_required,
+                    "metadata": metadata,
+                },
+            )
+        )
+
+    def assistant_versions(
+        self, assistant_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> dict[str, Any]:
+        return self._call(_core.assistant_versions(assistant_id, limit, page_token))
+
+    def delete_assistant(self, assistant_id: str) -> None:
+        self._client._call(_core.delete_assistant(assistant_id))
 
 
 class AsyncFerryman(ClientBase):
@@ -348,6 +523,8 @@ class AsyncFerryman(ClientBase):
         script: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        assistant_id: str | None = None,
+        assistant_version: int | None = None,
     ) -> Session:
         """See `Ferryman.create_session`."""
         return await self._call(
@@ -362,6 +539,8 @@ class AsyncFerryman(ClientBase):
                 script=script,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                assistant_id=assistant_id,
+                assistant_version=assistant_version,
             )
         )
 
@@ -422,6 +601,83 @@ class AsyncFerryman(ClientBase):
             if page.next_after is None:
                 return
             after = page.next_after
+
+    # --- assistants --------------------------------------------------------------------------
+
+    async def create_assistant(
+        self,
+        name: str,
+        *,
+        model: str,
+        description: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Assistant:
+        return await self._call(
+            _core.create_assistant(
+                name,
+                model=model,
+                description=description,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                metadata=metadata,
+            )
+        )
+
+    async def list_assistants(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> AssistantPage:
+        return await self._call(_core.list_assistants(name, metadata, limit, page_token))
+
+    async def get_assistant(self, assistant_id: str) -> Assistant:
+        return await self._call(_core.get_assistant(assistant_id))
+
+    async def update_assistant(
+        self,
+        assistant_id: str,
+        *,
+        name: str | Unset = UNSET,
+        description: str | Unset | None = UNSET,
+        model: str | Unset = UNSET,
+        instructions: str | Unset | None = UNSET,
+        model_settings: dict[str, Any] | Unset | None = UNSET,
+        tools: list[str] | Unset | None = UNSET,
+        approval_required: list[str] | Unset | None = UNSET,
+        metadata: dict[str, Any] | Unset | None = UNSET,
+    ) -> Assistant:
+        return await self._call(
+            _core.update_assistant(
+                assistant_id,
+                {
+                    "name": name,
+                    "description": description,
+                    "model": model,
+                    "instructions": instructions,
+                    "modelSettings": model_settings,
+                    "tools": tools,
+                    "approvalRequired": approval_required,
+                    "metadata": metadata,
+                },
+            )
+        )
+
+    async def assistant_versions(
+        self, assistant_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> AssistantVersions:
+        return await self._call(_core.assistant_versions(assistant_id, limit, page_token))
+
+    async def delete_assistant(self, assistant_id: str) -> None:
+        await self._call(_core.delete_assistant(assistant_id))
 
     # --- streams -----------------------------------------------------------------------------
 

@@ -268,3 +268,29 @@ async def test_the_default_assistant(lg: LangGraphClient, raw: httpx.AsyncClient
         await raw.post("/assistants/ferryman/latest", json={"version": 1}),
     ):
         assert_problem(response, 501, NOT_SERVED)
+
+
+async def test_a_run_pins_the_assistant_made_through_the_protocol(
+    lg: LangGraphClient, server: ServerProcess, owner_key: tuple[str, str]
+) -> None:
+    """A run names an assistant by the id the protocol gave it (or the default one's id); the
+    thread's session keeps the version it started with (no worker: the run stays queued)."""
+    made = await lg.assistants.create("ferryman", context={"instructions": "One."})
+    aid = made["assistant_id"]
+    await lg.assistants.update(aid, context={"instructions": "Two."})
+    message = {"messages": [{"role": "user", "content": "hi"}]}
+    pinned = (await lg.threads.create())["thread_id"]
+    await lg.runs.create(pinned, aid, input=message)
+    await lg.assistants.update(aid, context={"instructions": "Three."})
+    native = httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {owner_key[1]}"}
+    )
+    session = (await native.get(f"/api/agent/{pinned}")).json()
+    assert session["assistant"] == {"id": aid, "version": 2}
+    assert session["instructions"] == "Two."
+
+    default_id = (await lg.assistants.get("ferryman"))["assistant_id"]
+    plain = (await lg.threads.create())["thread_id"]
+    await lg.runs.create(plain, default_id, input=message)
+    assert (await native.get(f"/api/agent/{plain}")).json()["assistant"] is None
+    await native.aclose()

@@ -59,6 +59,7 @@ def test_assistants_create_edit_version_start_and_delete(
     expect(page.locator("#assistant-name")).to_have_text("Support bot")
     expect(page.locator("#assistant-version")).to_have_text("version 1")
     expect(page.locator("#assistant-list li")).to_have_count(1)
+    expect(page.locator("#assistant-detail")).not_to_contain_text("null")  # no description
     (listed,) = http.get("/api/assistants").json()["assistants"]
     assert listed["tools"] == ["get_note", "put_note"]
     assert listed["approvalRequired"] == ["put_note"]
@@ -124,3 +125,21 @@ def test_the_create_form_offers_no_assistant_by_default(
     picker.select_option(made.json()["id"])
     expect(page.locator("#create-assistant-version")).to_be_enabled()
     expect(page.locator("#create-assistant-version option")).to_have_count(2)  # latest, v1
+
+
+def test_the_assistants_fit_a_narrow_screen(
+    page: Page,  # noqa: F811
+    web: ServerProcess,  # noqa: F811
+    http: httpx.Client,
+) -> None:
+    made = http.post("/api/assistants", json={"name": "On a phone", "model": "scripted"})
+    assert made.status_code == 201, made.text
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(web.url)
+    page.click("#assistants-button")
+    page.locator("#assistant-list li", has_text="On a phone").click()
+    expect(page.locator("#assistant-name")).to_have_text("On a phone")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    for part in ("#assistants-dialog", "#assistants-close", "#assistant-new", "#assistant-delete"):
+        box = page.locator(part).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, (part, box)

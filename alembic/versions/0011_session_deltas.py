@@ -6,7 +6,7 @@ key: checking one would lock the session's row at every flush (a WAL record of a
 table); the chunks of a deleted session go with the age sweep.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 Create Date: 2026-12-02
 """
 

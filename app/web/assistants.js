@@ -150,7 +150,8 @@ export class AssistantsView {
     }
     const remove = h('button', {class: 'danger-ghost', type: 'button', id: 'assistant-delete', text: 'Delete'});
     remove.addEventListener('click', () => this.remove(assistant, remove));
-    detail.replaceChildren(
+    // replaceChildren would write a null as the text "null": only elements go in.
+    detail.replaceChildren(...[
       h('header', {class: 'assistant-title'},
         h('h3', {id: 'assistant-name', text: assistant.name}),
         h('span', {class: 'badge', id: 'assistant-version', text: `version ${assistant.version}`})),
@@ -167,7 +168,8 @@ export class AssistantsView {
           h('summary', {},
             h('strong', {text: `v${v.version}`}), ` · ${v.name} · `,
             h('code', {text: v.model}), ` · ${when(v.createdAt)}`),
-          definitionList(v))))));
+          definitionList(v))))),
+    ].filter(Boolean));
   }
 
   async remove(assistant, button) {

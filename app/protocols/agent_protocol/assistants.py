@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from functools import cache
 from typing import Annotated, Any, Literal, TypeVar
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -41,7 +41,7 @@ from app.api.deps import ProtocolOwner, ServicesDep
 from app.api.problems import problem
 from app.domain import MAX_ASSISTANT_VERSIONS, MAX_ASSISTANTS_PER_OWNER, assistant_view, rfc3339
 from app.errors import AssistantNotFound, NotFound, NotServed, ProblemCode
-from app.protocols.agent_protocol.service import GRAPH_ID
+from app.protocols.agent_protocol.service import DEFAULT_ASSISTANT_ID, GRAPH_ID
 from app.store import assistants as assistant_store
 
 # The agent definition's fields, under their native names (the protocol's own fields are name,
@@ -52,7 +52,6 @@ _KEYS_SAID = ", ".join(DEFINITION_KEYS)
 UNTITLED = "Untitled"  # the protocol's name for an assistant created without one
 # The default assistant: not stored, one for every owner, the server's own definition (as a
 # LangGraph server has one per graph). Its id is fixed; `assistant_id: "ferryman"` names it too.
-DEFAULT_ASSISTANT_ID = uuid5(NAMESPACE_URL, "urn:ferryman:assistant:ferryman")
 _STARTED = rfc3339(datetime.now(UTC))
 MAX_ASSISTANT_SEARCH_LIMIT = 1000
 MAX_ASSISTANT_SEARCH_OFFSET = 1_000_000

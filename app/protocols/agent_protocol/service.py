@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
+from uuid import NAMESPACE_URL, UUID, uuid5
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
@@ -44,6 +44,8 @@ from app.streams.frames import session_envelope
 PREFIX = "/agent-protocol"
 # The one graph Ferryman serves: its agent loop (docs/langgraph.md).
 GRAPH_ID = "ferryman"
+# The default assistant's id (assistants.py): a run naming it runs the graph, like GRAPH_ID.
+DEFAULT_ASSISTANT_ID = uuid5(NAMESPACE_URL, "urn:ferryman:assistant:ferryman")
 BUSY = frozenset({Status.QUEUED, Status.RUNNING})
 # The agent definition a run's `context` (or `config.configurable`) may carry: the create
 # body's fields of the native API.
@@ -304,7 +306,7 @@ async def definition_of(services: Services, owner: str, body: RunCreate) -> NewS
     configurable = (body.config or {}).get("configurable") or {}
     for source in (configurable, body.context or {}):
         given.update({k: v for k, v in source.items() if k in DEFINITION_FIELDS})
-    if body.assistant_id != GRAPH_ID:
+    if body.assistant_id not in (GRAPH_ID, str(DEFAULT_ASSISTANT_ID)):
         given["assistantId"] = body.assistant_id
     try:
         create = native.CreateSession.model_validate(given)

@@ -358,7 +358,9 @@ async def test_owner_events_is_not_a_session_id(http: httpx.AsyncClient) -> None
 BAD_CURSORS = [
     "abc",
     "-1",
-    "1.5",
+    "1.5.2",
+    "1.",
+    ".5",
     "99999999999999999999999",
     "9223372036854775808",
     "1e3",
@@ -367,6 +369,18 @@ BAD_CURSORS = [
     "²",
     "١٢",
 ]
+
+
+async def test_a_chunk_cursor_only_on_a_session_stream(http: httpx.AsyncClient) -> None:
+    """`<seq>.<chunk>` is a token delta's id: a session stream's cursor, never an owner's."""
+    sid = await new_session(http, "target")
+    response = await http.get("/api/agent/owner-events", params={"lastEventId": "1.5"})
+    assert_problem(response, 400, "INVALID_CURSOR")
+    response = await http.get(
+        f"/api/agent/{sid}/events", params={"lastEventId": "1.5", "follow": "false"}
+    )
+    assert response.status_code == 200
+    assert "event: caught_up" in response.text
 
 
 @pytest.mark.parametrize("cursor", BAD_CURSORS)

@@ -12,6 +12,7 @@ from typing import Any
 
 
 class Status(StrEnum):
+    IDLE = "idle"  # created without a prompt: no run until its first message
     QUEUED = "queued"
     RUNNING = "running"
     WAITING = "waiting"
@@ -21,8 +22,8 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
-# A user message re-queues a session in one of these.
-REQUEUEABLE = TERMINAL | {Status.WAITING}
+# A user message queues a session in one of these.
+REQUEUEABLE = TERMINAL | {Status.WAITING, Status.IDLE}
 
 
 # Limits of the request bodies (documented in docs/reference.md); the body size limit itself is a
@@ -44,11 +45,35 @@ MODEL_NAME_RULE = (
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 TOOL_NAME_RULE = "must be a tool name: letters, digits and _ . - only"
 MAX_STOP_SEQUENCES = 4
+MAX_ASSISTANT_NAME_CHARS = 200
+MAX_ASSISTANT_DESCRIPTION_CHARS = 2_000
+MAX_ASSISTANTS_PER_OWNER = 1_000
+MAX_ASSISTANT_VERSIONS = 1_000
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_TITLE_CHARS = 80
 # Owner ids: API keys are made for them, feeds are keyed by them (`o:<owner>` on the bus, where
 # `|` separates an ephemeral frame), so one format everywhere.
 OWNER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+
+
+# A log position as clients hold it (the `id` of an event, a cursor): the event's seq or owner
+# id, with the epoch of the log it was written in above bit EPOCH_SHIFT (migration 0009: epoch 0
+# is the log since Ferryman's schema was made, so there the position is the number itself). A
+# standby promoted after asynchronous replication gives the lost events' numbers out again: the
+# epoch tells them apart. Below 2^53 for every epoch a smallint can hold, so JavaScript reads
+# it exactly.
+EPOCH_SHIFT = 40
+NUMBER_MASK = (1 << EPOCH_SHIFT) - 1
+
+
+def position(epoch: int, number: int) -> int:
+    """The position of event `number` of a log written in `epoch`."""
+    return (epoch << EPOCH_SHIFT) | number
+
+
+def split_position(pos: int) -> tuple[int, int]:
+    """(epoch, number) of a position."""
+    return pos >> EPOCH_SHIFT, pos & NUMBER_MASK
 
 
 def check_owner_id(owner_id: str) -> str:
@@ -142,9 +167,31 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
         "instructions": row["instructions"],
         "modelSettings": row["model_settings"],
         "approvalRequired": row["approval_required"] or [],
+        "assistant": None
+        if row["assistant_id"] is None
+        else {"id": str(row["assistant_id"]), "version": row["assistant_version"]},
         "usage": {
             "inputTokens": row["input_tokens"],
             "outputTokens": row["output_tokens"],
             "cachedTokens": row["cached_tokens"],
         },
+    }
+
+
+def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
+    """The Assistant object of SPEC section 8, camelCase, from an assistant joined with one of
+    its versions (store/assistants.py); `updatedAt` is when that version was written."""
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "description": row["description"],
+        "model": row["model"],
+        "instructions": row["instructions"],
+        "modelSettings": row["model_settings"],
+        "tools": row["tools"],
+        "approvalRequired": row["approval_required"] or [],
+        "metadata": row["metadata"],
+        "version": row["version"],
+        "createdAt": rfc3339(row["created_at"]),
+        "updatedAt": rfc3339(row["updated_at"]),
     }

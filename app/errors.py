@@ -20,6 +20,8 @@ class ProblemCode(StrEnum):
     LOCAL_MODE_NOT_LOCAL = "LOCAL_MODE_NOT_LOCAL"
     NOT_FOUND = "NOT_FOUND"
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+    ASSISTANT_NOT_FOUND = "ASSISTANT_NOT_FOUND"
+    ASSISTANT_LIMIT_REACHED = "ASSISTANT_LIMIT_REACHED"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
@@ -56,6 +58,17 @@ class SessionNotFound(NotFound):
 
     def __init__(self) -> None:
         super().__init__("no such session")
+
+
+class AssistantNotFound(NotFound):
+    code = ProblemCode.ASSISTANT_NOT_FOUND
+
+    def __init__(self, detail: str = "no such assistant") -> None:
+        super().__init__(detail)
+
+
+class AssistantLimitReached(FerrymanError):
+    status, code, title = 409, ProblemCode.ASSISTANT_LIMIT_REACHED, "Conflict"
 
 
 class SessionAlreadyTerminal(FerrymanError):

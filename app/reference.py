@@ -145,6 +145,12 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_INSTRUCTIONS_CHARS": "A session's `instructions`, in characters.",
     "MAX_STOP_SEQUENCES": "Strings in `modelSettings.stop`.",
     "MAX_IDEMPOTENCY_KEY_CHARS": "The `Idempotency-Key` header, in characters.",
+    "MAX_ASSISTANT_NAME_CHARS": "An assistant's `name`, in characters.",
+    "MAX_ASSISTANT_DESCRIPTION_CHARS": "An assistant's `description`, in characters.",
+    "MAX_ASSISTANTS_PER_OWNER": "An owner's assistants, deleted ones not counted (more: 409"
+    " `ASSISTANT_LIMIT_REACHED`).",
+    "MAX_ASSISTANT_VERSIONS": "Versions of one assistant (a `PATCH` past it: 409"
+    " `ASSISTANT_LIMIT_REACHED`).",
     "MAX_SLEEP_SECONDS": "The `sleep` tool's `seconds` (more: an error tool result).",
     "MAX_NOTE_KEY_CHARS": "A note's key, in characters (more: an error tool result).",
     "MAX_NOTE_CHARS": "A note's text, in characters (more: an error tool result).",
@@ -185,6 +191,15 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         404,
         "No such session for this owner (also a malformed id,"
         " a deleted session and another owner's).",
+    ),
+    ProblemCode.ASSISTANT_NOT_FOUND: (
+        404,
+        "No such assistant for this owner, or no such version of it (also a malformed id, a"
+        " deleted assistant and another owner's); for an `assistantId` of a session too.",
+    ),
+    ProblemCode.ASSISTANT_LIMIT_REACHED: (
+        409,
+        "A create past `MAX_ASSISTANTS_PER_OWNER`, or an edit past `MAX_ASSISTANT_VERSIONS`.",
     ),
     ProblemCode.METHOD_NOT_ALLOWED: (
         405,

@@ -42,6 +42,7 @@ SESSION_FIELDS = {
     "instructions",
     "modelSettings",
     "approvalRequired",
+    "assistant",
     "usage",
 }
 ENVELOPE_FIELDS = {"id", "type", "sessionId", "ownerId", "ts", "phase", "seq", "attempt", "data"}

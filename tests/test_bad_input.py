@@ -59,8 +59,6 @@ async def http(server: ServerProcess, module_key: str) -> AsyncIterator[httpx.As
 
 BAD_CREATE_JSON: dict[str, Any] = {
     "empty prompt": {"prompt": ""},
-    "missing prompt": {"title": "x"},
-    "null prompt": {"prompt": None},
     "prompt too long": {"prompt": "x" * 100_001},
     "prompt with NUL": {"prompt": "a\u0000b"},
     "prompt is a number": {"prompt": 5},
@@ -204,7 +202,7 @@ async def test_validation_errors_name_the_field(http: httpx.AsyncClient) -> None
         ({"prompt": "x", "modelSettings": {"stop": [""]}}, "modelSettings.stop.0: must be at"),
         ({"prompt": "x", "tools": "sleep"}, "tools: must be a list"),
         ({"prompt": "x", "extra": 1}, "extra: is not a field this request takes"),
-        ({}, "prompt: is required"),
+        ({"script": [{"toolCalls": [{}]}]}, "script.0.toolCalls.0.name: is required"),
     ],
 )
 async def test_validation_errors_say_the_field_and_the_rule_in_plain_words(

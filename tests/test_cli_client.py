@@ -617,6 +617,71 @@ async def test_sessions_commands(ferryman: Ferryman) -> None:
     assert [s["id"] for s in remaining] == [first_id]
 
 
+async def test_assistants_commands(ferryman: Ferryman) -> None:
+    created = await ferryman(
+        "assistants",
+        "create",
+        "Helper",
+        "--model",
+        "scripted",
+        "--instructions",
+        "Be brief.",
+        "--tool",
+        "get_note",
+        "--model-settings",
+        '{"temperature": 0.2}',
+        "--metadata",
+        '{"team": "a"}',
+    )
+    assert created.returncode == 0, created
+    aid = created.stdout.strip()
+    assert UUID.fullmatch(aid), created
+
+    table = await ferryman("assistants", "list", "--name", "help")
+    header, *rows = table.lines
+    assert header.split() == ["ID", "NAME", "MODEL", "VERSION", "UPDATED"]
+    assert [row.split()[:4] for row in rows] == [[aid, "Helper", "scripted", "1"]]
+    empty = await ferryman("assistants", "list", "--metadata", '{"team": "b"}')
+    assert empty.stdout == "no assistants\n", empty
+
+    edited = await ferryman("assistants", "edit", aid, "--instructions", "Be kind.", "--all-tools")
+    assert edited.stdout == f"{aid} version 2\n", edited
+    shown = await ferryman("assistants", "show", aid)
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in shown.lines)}
+    assert (fields["version"], fields["tools"], fields["prompt"]) == ("2", "all", "Be kind.")
+    assert (await ferryman("assistants", "show", aid, "--json")).json()["metadata"] == {"team": "a"}
+    versions = (await ferryman("assistants", "versions", aid, "--json")).json()["versions"]
+    assert [(v["version"], v["instructions"]) for v in versions] == [
+        (2, "Be kind."),
+        (1, "Be brief."),
+    ]
+
+    run = await ferryman(
+        "run", "hi", "--assistant", aid, "--assistant-version", "1", "--no-follow", "--json"
+    )
+    assert run.returncode == 0, run
+    session = run.json()
+    assert session["assistant"] == {"id": aid, "version": 1}
+    assert session["instructions"] == "Be brief." and session["modelSettings"] == {
+        "temperature": 0.2
+    }
+
+    nothing = await ferryman("assistants", "edit", aid)
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr, nothing
+    bad = await ferryman("assistants", "create", "X", "--model", "scripted", "--metadata", "[1]")
+    assert bad.returncode == 2 and "--metadata" in bad.stderr, bad
+    refused = await ferryman("assistants", "create", "X", "--model", "gpt-4")
+    assert_one_error_line(refused, 1, "422 VALIDATION_ERROR")
+
+    deleted = await ferryman("assistants", "delete", aid)
+    assert deleted.stdout == f"{aid} deleted\n", deleted
+    assert_one_error_line(await ferryman("assistants", "show", aid), 1, "404 ASSISTANT_NOT_FOUND")
+    gone = await ferryman("run", "hi", "--assistant", aid, "--no-follow")
+    assert_one_error_line(gone, 1, "404 ASSISTANT_NOT_FOUND")
+    async with client(ferryman.url, ferryman.key) as http:
+        await http.post(f"/api/agent/{session['id']}/cancel")
+
+
 async def test_connection_and_auth_errors(api: ServerProcess) -> None:
     nowhere = Ferryman(f"http://127.0.0.1:{free_port()}", "fm_whatever")
     unreachable = await asyncio.gather(

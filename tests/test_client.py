@@ -14,6 +14,10 @@ import pytest
 
 from ferryman import (
     ApiError,
+    Assistant,
+    AssistantPage,
+    AssistantRef,
+    AssistantVersions,
     AsyncFerryman,
     AuthenticationError,
     CancelAccepted,
@@ -155,6 +159,58 @@ async def test_definition(server: ServerProcess, owner_key: tuple[str, str]) -> 
             await ferryman.decide_tool_call(created.id, "call_x", True, reason="fine")
         assert error.value.code == "APPROVAL_NOT_PENDING"
         await ferryman.cancel_session(created.id)
+
+
+async def test_assistants_async(server: ServerProcess, owner_key: tuple[str, str]) -> None:
+    _, key = owner_key
+    async with AsyncFerryman(server.url, api_key=key) as ferryman:
+        made = await ferryman.create_assistant(
+            "Helper",
+            model="scripted",
+            instructions="Be brief.",
+            model_settings={"temperature": 0.2},
+            tools=["get_note"],
+            metadata={"team": "a"},
+        )
+        assert isinstance(made, Assistant) and made.version == 1 and made.tools == ["get_note"]
+        assert await ferryman.get_assistant(made.id) == made
+        edited = await ferryman.update_assistant(made.id, instructions="Be kind.", tools=None)
+        assert (edited.version, edited.instructions, edited.tools) == (2, "Be kind.", None)
+        assert edited.model_settings == {"temperature": 0.2}  # left as it was (UNSET)
+        page = await ferryman.list_assistants(name="help", metadata={"team": "a"})
+        assert isinstance(page, AssistantPage) and [a.id for a in page.assistants] == [made.id]
+        versions = await ferryman.assistant_versions(made.id, limit=1)
+        assert isinstance(versions, AssistantVersions)
+        assert [v.version for v in versions.versions] == [2] and versions.next_page_token
+        pinned = await ferryman.create_session("hi", assistant_id=made.id, assistant_version=1)
+        assert pinned.assistant is not None and pinned.assistant.version == 1
+        assert pinned.instructions == "Be brief."
+        idle = await ferryman.create_session(assistant_id=made.id)
+        assert idle.status == "idle" and idle.assistant == AssistantRef(id=made.id, version=2)
+        await ferryman.delete_assistant(made.id)
+        with pytest.raises(NotFoundError) as gone:
+            await ferryman.get_assistant(made.id)
+        assert gone.value.code == "ASSISTANT_NOT_FOUND"
+        for session in (pinned, idle):
+            await ferryman.cancel_session(session.id)
+
+
+def test_assistants_sync(server: ServerProcess, owner_key: tuple[str, str]) -> None:
+    _, key = owner_key
+    with Ferryman(server.url, api_key=key) as ferryman:
+        made = ferryman.create_assistant("Sync", model="scripted", description="d")
+        assert ferryman.update_assistant(made.id, name="Renamed").name == "Renamed"
+        assert [a.name for a in ferryman.list_assistants().assistants] == ["Renamed"]
+        assert [v.name for v in ferryman.assistant_versions(made.id).versions] == [
+            "Renamed",
+            "Sync",
+        ]
+        raw = ferryman.raw.get_assistant(made.id)
+        assert raw["version"] == 2 and raw["description"] == "d"
+        with pytest.raises(UnprocessableEntityError):
+            ferryman.create_assistant("Bad", model="gpt-4")
+        ferryman.raw.delete_assistant(made.id)
+        assert ferryman.list_assistants().assistants == []
 
 
 async def test_the_tool_catalog(api: ServerProcess, key: str, start_worker: StartWorker) -> None:

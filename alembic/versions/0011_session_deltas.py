@@ -6,14 +6,14 @@ key: checking one would lock the session's row at every flush (a WAL record of a
 table); the chunks of a deleted session go with the age sweep.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 Create Date: 2026-12-02
 """
 
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

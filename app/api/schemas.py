@@ -7,9 +7,20 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from app.domain import (
+    MAX_ASSISTANT_DESCRIPTION_CHARS,
+    MAX_ASSISTANT_NAME_CHARS,
+    MAX_ASSISTANT_VERSIONS,
     MAX_INSTRUCTIONS_CHARS,
     MAX_JSON_DEPTH,
     MAX_MESSAGE_CHARS,
@@ -42,7 +53,7 @@ EventId = Annotated[
 ]
 
 
-def _storable(value: Any) -> Any:
+def storable(value: Any) -> Any:
     """Reject what PostgreSQL cannot store (NUL characters, unpaired surrogates, NaN and
     Infinity) and JSON nested deeper than the responses can echo back."""
     _check_storable(value, 0)
@@ -78,8 +89,8 @@ def _small_json(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-Text = Annotated[str, AfterValidator(_storable)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_storable), AfterValidator(_small_json)]
+Text = Annotated[str, AfterValidator(storable)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(storable), AfterValidator(_small_json)]
 ToolName = Annotated[str, Field(min_length=1, max_length=200, pattern=TOOL_NAME_PATTERN)]
 Title = Annotated[Text, Field(min_length=1, max_length=MAX_TITLE_CHARS)]
 
@@ -143,25 +154,32 @@ class ModelSettings(Request):
     reasoningEffort: Literal["low", "medium", "high"] | None = None
 
 
-class CreateSession(Request):
-    prompt: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    title: Title | None = None
+def tool_choice_problem(
+    model_settings: dict[str, Any] | None, tools: list[str] | None
+) -> str | None:
+    """What is wrong with a definition whose `modelSettings.toolChoice` names a tool that its
+    `tools` leaves out (None: nothing)."""
+    choice = (model_settings or {}).get("toolChoice")
+    named = choice not in (None, *ToolChoiceMode)
+    if named and tools is not None and choice not in tools:
+        return f"modelSettings.toolChoice names {choice!r}, which is not in tools"
+    return None
+
+
+class Definition(Request):
+    """The agent definition a session runs with, and an assistant stores."""
+
     model: str | None = Field(
         default=None,
         pattern=MODEL_NAME_PATTERN,
         max_length=220,
         description="`scripted`, `openai:<model>` or `anthropic:<model>`; unset: FERRYMAN_MODEL.",
     )
-    script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
     tools: list[ToolName] | None = Field(
         default=None,
         max_length=MAX_TOOLS,
         description="The tools the agent may use (GET /api/tools lists them); unset: all. Only"
         " a worker that offers every one of them runs the session.",
-    )
-    metadata: JsonObject | None = Field(
-        default=None,
-        description=f"Yours to keep with the session: at most {MAX_METADATA_BYTES} bytes.",
     )
     instructions: Text | None = Field(
         default=None,
@@ -176,13 +194,122 @@ class CreateSession(Request):
         description="Tools whose every call waits for a person's approval in this session.",
     )
 
+    def settings_dict(self) -> dict[str, Any] | None:
+        """`modelSettings` as stored: the settings given, unset ones left out."""
+        return self.modelSettings.model_dump(exclude_none=True) if self.modelSettings else None
+
     @model_validator(mode="after")
-    def _tool_choice_is_offered(self) -> CreateSession:
-        choice = self.modelSettings.toolChoice if self.modelSettings else None
-        named = choice not in (None, "auto", "none", "required")
-        if named and self.tools is not None and choice not in self.tools:
-            raise ValueError(f"modelSettings.toolChoice names {choice!r}, which is not in tools")
+    def _tool_choice_is_offered(self) -> Definition:
+        problem = tool_choice_problem(self.settings_dict(), self.tools)
+        if problem is not None:
+            raise ValueError(problem)
         return self
+
+
+class CreateSession(Definition):
+    prompt: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PROMPT_CHARS,
+        description="The opening message (seq 1). Unset: the session is created `idle`, with"
+        " no run until its first message, which becomes its prompt.",
+    )
+    title: Title | None = None
+    script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
+    metadata: JsonObject | None = Field(
+        default=None,
+        description=f"Yours to keep with the session: at most {MAX_METADATA_BYTES} bytes.",
+    )
+    assistantId: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="Run this assistant's definition (model, instructions, modelSettings, tools,"
+        " approvalRequired); the fields given here override its own (modelSettings key by"
+        " key). 404 ASSISTANT_NOT_FOUND for none of yours.",
+    )
+    assistantVersion: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ASSISTANT_VERSIONS,
+        description="The version of `assistantId` to pin; unset: its latest.",
+    )
+
+    @model_validator(mode="after")
+    def _version_of_an_assistant(self) -> CreateSession:
+        if self.assistantVersion is not None and self.assistantId is None:
+            raise ValueError("assistantVersion needs assistantId")
+        return self
+
+
+AssistantName = Annotated[Text, Field(min_length=1, max_length=MAX_ASSISTANT_NAME_CHARS)]
+AssistantDescription = Annotated[Text, Field(max_length=MAX_ASSISTANT_DESCRIPTION_CHARS)]
+
+
+class CreateAssistant(Definition):
+    name: AssistantName
+    description: AssistantDescription | None = None
+    model: str = Field(  # required here, optional on a session
+        pattern=MODEL_NAME_PATTERN,
+        max_length=220,
+        description="`scripted`, `openai:<model>` or `anthropic:<model>`.",
+    )
+    metadata: JsonObject | None = Field(
+        default=None,
+        description=f"Yours to keep with the assistant: at most {MAX_METADATA_BYTES} bytes.",
+    )
+
+
+class UpdateAssistant(Definition):
+    """The fields to change: each PATCH writes a new version. A field set to null is cleared
+    (`tools: null`: all tools); `name` and `model` cannot be."""
+
+    name: AssistantName | None = None
+    description: AssistantDescription | None = None
+    metadata: JsonObject | None = None
+
+    @field_validator("name", "model", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("cannot be null: every version has one")
+        return value
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> UpdateAssistant:
+        if not self.model_fields_set:
+            raise ValueError("give at least one field to change")
+        return self
+
+
+class AssistantRef(BaseModel):
+    id: Uuid
+    version: int
+
+
+class Assistant(BaseModel):
+    id: Uuid
+    name: str
+    description: str | None
+    model: str
+    instructions: str | None
+    modelSettings: dict[str, Any]
+    tools: list[str] | None = Field(description="null: all tools.")
+    approvalRequired: list[str]
+    metadata: dict[str, Any]
+    version: int = Field(description="1 at create; each PATCH writes the next.")
+    createdAt: DateTime
+    updatedAt: DateTime = Field(description="When this version was written.")
+
+
+class AssistantList(BaseModel):
+    assistants: list[Assistant]
+    nextPageToken: str | None
+
+
+class AssistantVersions(BaseModel):
+    versions: list[Assistant] = Field(description="The assistant as each version has it.")
+    nextPageToken: str | None
 
 
 class RenameSession(Request):
@@ -297,7 +424,7 @@ class Session(BaseModel):
         " (its worker crashed or lost its lease, or shut down): not follow-ups or approvals."
     )
     model: str
-    prompt: str
+    prompt: str = Field(description="The opening message; empty while the session is `idle`.")
     activeStage: str | None
     error: Annotated[
         dict[str, Any] | None,
@@ -312,6 +439,10 @@ class Session(BaseModel):
     instructions: str | None
     modelSettings: dict[str, Any]
     approvalRequired: list[str]
+    assistant: AssistantRef | None = Field(
+        description="The assistant version the definition was copied from (kept for every"
+        " turn and resume), or null."
+    )
     usage: Usage
 
 

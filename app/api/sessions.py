@@ -15,14 +15,13 @@ from fastapi import APIRouter, Header, Path, Query, Response, status
 from fastapi.responses import JSONResponse
 
 from app.api import schemas
+from app.api.definitions import assistant_request_fingerprint, resolve_session
 from app.api.deps import DatabaseDep, Owner, ServicesDep
 from app.api.openapi import problems
-from app.api.tool_names import check_tool_names
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     TERMINAL,
     Status,
-    default_title,
     session_view,
 )
 from app.errors import InvalidPageToken, SessionNotFound
@@ -55,12 +54,12 @@ def parse_session_id(raw: str) -> UUID:
         raise SessionNotFound() from None
 
 
-def _encode_page_token(key: session_store.PageKey) -> str:
+def encode_page_token(key: session_store.PageKey) -> str:
     raw = json.dumps({"t": key.created_at.isoformat(), "i": str(key.id)})
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _decode_page_token(token: str) -> session_store.PageKey:
+def decode_page_token(token: str) -> session_store.PageKey:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = json.loads(raw)
@@ -76,7 +75,7 @@ def _decode_page_token(token: str) -> session_store.PageKey:
     response_model=schemas.Session,
     responses={
         200: {"model": schemas.Session, "description": "Idempotent replay"},
-        **problems(*ANY_ERRORS, *BODY_ERRORS, 409),
+        **problems(*ANY_ERRORS, *BODY_ERRORS, 404, 409),
     },
 )
 async def create_session(
@@ -94,24 +93,16 @@ async def create_session(
         ),
     ] = None,
 ) -> dict[str, Any]:
-    await check_tool_names(services, body)
-    new = session_store.NewSession(
-        prompt=body.prompt,
-        title=body.title or default_title(body.prompt),
-        model=body.model or services.settings.model,
-        script=[turn.model_dump(exclude_none=True) for turn in body.script]
-        if body.script is not None
-        else None,
-        tools=body.tools,
-        metadata=body.metadata or {},
-        instructions=body.instructions,
-        model_settings=body.modelSettings.model_dump(exclude_none=True)
-        if body.modelSettings
-        else {},
-        approval_required=body.approvalRequired,
-    )
-    async with services.db.transaction() as conn:
-        row, created = await session_store.create_session(conn, owner, new, idempotency_key)
+    row, created = None, False
+    fingerprint = assistant_request_fingerprint(body)
+    if idempotency_key is not None and fingerprint is not None:
+        # A retry finds its session before the assistant is read: it may be gone since.
+        async with services.db.connection() as conn:
+            row = await session_store.replay_idempotent(conn, owner, idempotency_key, fingerprint)
+    if row is None:
+        new = await resolve_session(services, owner, body)
+        async with services.db.transaction() as conn:
+            row, created = await session_store.create_session(conn, owner, new, idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/api/agent/{row['id']}"
@@ -142,7 +133,7 @@ async def list_sessions(
         ),
     ] = None,
 ) -> dict[str, Any]:
-    after = _decode_page_token(page_token) if page_token else None
+    after = decode_page_token(page_token) if page_token else None
     statuses = [str(s) for s in status_filter] if status_filter else None
     async with db.transaction() as conn:
         rows, cursor, next_key = await session_store.list_sessions(
@@ -151,7 +142,7 @@ async def list_sessions(
     return {
         "sessions": [session_view(row) for row in rows],
         "cursor": str(cursor),
-        "nextPageToken": _encode_page_token(next_key) if next_key else None,
+        "nextPageToken": encode_page_token(next_key) if next_key else None,
     }
 
 

@@ -1,9 +1,11 @@
-"""The check of the tool names a create body uses: each must be one a worker offers."""
+"""The check of the tool names an agent definition uses (a session's, an assistant's): each
+must be one a worker offers."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Collection
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
@@ -16,18 +18,23 @@ CLOSEST_NAMES = 3
 CLOSEST_CUTOFF = 0.6
 
 
-async def check_tool_names(services: Services, body: schemas.CreateSession) -> None:
+async def check_tool_names(
+    services: Services,
+    tools: list[str] | None,
+    approval_required: list[str] | None,
+    model_settings: dict[str, Any] | None,
+) -> None:
     """Refuse (422 VALIDATION_ERROR) tool names in `tools`, `approvalRequired` and a named
     `modelSettings.toolChoice` that no worker offers, naming the closest ones that exist.
 
     Known: the built-ins and plug-ins this process loads, and the tools of every worker seen
     within RECENT_WORKER_SECONDS before the last worker was seen, so that a deploy or an outage
     with no worker alive does not refuse the MCP tools the workers come back with."""
-    choice = body.modelSettings.toolChoice if body.modelSettings else None
+    choice = (model_settings or {}).get("toolChoice")
     modes = {None, *schemas.ToolChoiceMode}
     named = {
-        "tools": body.tools or [],
-        "approvalRequired": body.approvalRequired or [],
+        "tools": tools or [],
+        "approvalRequired": approval_required or [],
         "modelSettings.toolChoice": [] if choice in modes else [str(choice)],
     }
     if not any(named.values()):

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.domain import (
+    EPOCH_SHIFT,
     REQUEUEABLE,
     TERMINAL,
     OwnerEventType,
@@ -38,7 +39,8 @@ SESSION_COLUMNS = """
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens, resumes
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version
 """
 
 
@@ -56,8 +58,9 @@ _CREATE_SESSION = statement(
     "create_session",
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
-                          instructions, model_settings, approval_required)
-    VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+                          instructions, model_settings, approval_required, assistant_id,
+                          assistant_version)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
     """,
 )
 _LIST_SESSIONS = statement(
@@ -79,6 +82,8 @@ _RENAME = statement(
     RETURNING {SESSION_COLUMNS}
     """,
 )
+# An idle session's first message becomes its prompt.
+_SET_PROMPT = statement("set_prompt", "UPDATE sessions SET prompt = %s WHERE id = %s")
 _REQUEST_CANCEL = statement(
     "request_cancel",
     f"""
@@ -124,7 +129,7 @@ _FIRST_FIELDS = frozenset({"prompt", "title", "model", "script", "tools", "metad
 
 @dataclass(frozen=True)
 class NewSession:
-    prompt: str
+    prompt: str | None  # None: the session is created idle, with no event until a message
     title: str
     model: str
     script: list[dict[str, Any]] | None
@@ -133,14 +138,30 @@ class NewSession:
     instructions: str | None = None
     model_settings: dict[str, Any] = field(default_factory=dict)
     approval_required: list[str] | None = None
+    # The assistant version the definition was copied from.
+    assistant_id: UUID | None = None
+    assistant_version: int | None = None
+    # The request as given, hashed instead of the fields when it named an assistant: a retry
+    # after the assistant changed asked for the same thing.
+    request: dict[str, Any] | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
+        if self.request is not None:
+            return request_fingerprint(self.request)
         # Fields left at their defaults are left out, so a request hashes as it did before
         # those fields existed (a create retried across an upgrade is still a replay).
-        fields = {k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v}
-        body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(body.encode()).hexdigest()
+        return _hash({k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v})
+
+
+def request_fingerprint(request: dict[str, Any]) -> str:
+    """The fingerprint of a create that named an assistant, from its request as given."""
+    return _hash({"request": request})
+
+
+def _hash(fields: dict[str, Any]) -> str:
+    body = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -165,7 +186,8 @@ async def get_session(
 async def create_session(
     conn: Connection, owner_id: str, new: NewSession, idempotency_key: str | None
 ) -> tuple[dict[str, Any], bool]:
-    """Create a queued session with its opening `user_message` (seq 1); (row, created)."""
+    """Create a queued session with its opening `user_message` (seq 1), or an idle one with
+    no event when `new` has no prompt; (row, created)."""
     session_id = uuid4()
     if idempotency_key is not None:
         cur = await conn.execute(
@@ -176,7 +198,9 @@ async def create_session(
             (owner_id, idempotency_key, new.fingerprint(), session_id),
         )
         if await cur.fetchone() is None:
-            return await _replay_idempotent(conn, owner_id, idempotency_key, new), False
+            replayed = await replay_idempotent(conn, owner_id, idempotency_key, new.fingerprint())
+            assert replayed is not None
+            return replayed, False
 
     cur = await conn.execute(
         _CREATE_SESSION,
@@ -184,51 +208,69 @@ async def create_session(
             session_id,
             owner_id,
             new.title,
+            Status.IDLE if new.prompt is None else Status.QUEUED,
             new.model,
-            new.prompt,
+            new.prompt or "",
             Jsonb(new.script) if new.script is not None else None,
             Jsonb(new.tools) if new.tools is not None else None,
             Jsonb(new.metadata),
             new.instructions,
             Jsonb(new.model_settings),
             Jsonb(new.approval_required) if new.approval_required is not None else None,
+            new.assistant_id,
+            new.assistant_version,
         ),
     )
     row = await cur.fetchone()
     assert row is not None
-    event = await append_session_event(
-        conn,
-        session_id,
-        SessionEventType.USER_MESSAGE,
-        {"text": new.prompt, "delivery": "queued"},
-    )
-    # Re-read: the event moved last_seq and updated_at, and the answer must match a later GET.
-    cur = await conn.execute(_SESSION_BY_ID, (session_id,))
-    row = await cur.fetchone()
-    assert row is not None and row["last_seq"] == event["seq"]
+    if new.prompt is not None:
+        event = await append_session_event(
+            conn,
+            session_id,
+            SessionEventType.USER_MESSAGE,
+            {"text": new.prompt, "delivery": "queued"},
+        )
+        # Re-read: the event moved last_seq and updated_at, and the answer must match a later GET.
+        cur = await conn.execute(_SESSION_BY_ID, (session_id,))
+        row = await cur.fetchone()
+        assert row is not None and row["last_seq"] == event["seq"]
     await append_owner_event(
         conn, owner_id, session_id, OwnerEventType.SESSION_CREATED, {"session": session_view(row)}
     )
-    await notify(conn, WORK_KEY)
+    if new.prompt is not None:
+        await notify(conn, WORK_KEY)
     return row, True
 
 
-async def _replay_idempotent(
-    conn: Connection, owner_id: str, key: str, new: NewSession
-) -> dict[str, Any]:
+async def replay_idempotent(
+    conn: Connection, owner_id: str, key: str, fingerprint: str
+) -> dict[str, Any] | None:
+    """The session an earlier create with this key made (None: no create used it), or
+    IdempotencyKeyReused when that create's request had another fingerprint."""
     cur = await conn.execute(
         "SELECT request_hash, session_id FROM idempotency_keys WHERE owner_id = %s AND key = %s",
         (owner_id, key),
     )
     found = await cur.fetchone()
-    assert found is not None
-    if found["request_hash"] != new.fingerprint():
+    if found is None:
+        return None
+    if found["request_hash"] != fingerprint:
         raise IdempotencyKeyReused()
     cur = await conn.execute(_SESSION_BY_ID, (found["session_id"],))
     row = await cur.fetchone()
     if row is None or row["deleted_at"] is not None:  # deleted (or purged) since
         raise SessionNotFound()
     return row
+
+
+# The owner's cursor as a position (`domain.position`): its last id, with that event's epoch.
+_OWNER_POSITION = f"""
+    SELECT coalesce((
+        SELECT (coalesce(e.epoch, 0)::bigint << {EPOCH_SHIFT}) | c.last_id FROM owner_cursors c
+        LEFT JOIN owner_events e ON e.owner_id = c.owner_id AND e.id = c.last_id
+        WHERE c.owner_id = %s
+    ), 0) AS c
+"""
 
 
 async def list_sessions(
@@ -246,10 +288,7 @@ async def list_sessions(
     streaming from the cursor afterwards misses nothing and repeats nothing.
     """
     await read_one_snapshot(conn)
-    cur = await conn.execute(
-        "SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %s), 0) AS c",
-        (owner_id,),
-    )
+    cur = await conn.execute(_OWNER_POSITION, (owner_id,))
     cursor_row = await cur.fetchone()
     assert cursor_row is not None
     cur = await conn.execute(
@@ -260,7 +299,7 @@ async def list_sessions(
             "after_ts": after.created_at if after else None,
             "after_id": after.id if after else None,
             "limit": limit + 1,
-            "pattern": None if search is None else f"%{_like_literal(search)}%",
+            "pattern": None if search is None else f"%{like_literal(search)}%",
         },
     )
     rows = await cur.fetchall()
@@ -276,7 +315,7 @@ async def read_one_snapshot(conn: Connection) -> None:
     await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
 
-def _like_literal(text: str) -> str:
+def like_literal(text: str) -> str:
     """`text` matched literally by LIKE (whose escape character is a backslash)."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -311,7 +350,8 @@ async def set_status(
 
 
 async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> dict[str, Any]:
-    """Cancel: settle a queued or waiting session at once; record the request on a running one.
+    """Cancel: settle an idle, queued or waiting session at once; record the request on a
+    running one.
 
     Idempotent: a second request on a running session changes nothing.
     """
@@ -334,7 +374,7 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
         )
         await notify(conn, cancel_key(session_id))
         return updated
-    # Queued or waiting: no worker holds it, so the API settles it here, under the row lock
+    # Idle, queued or waiting: no worker holds it, so the API settles it here, under the row lock
     # that a claim would also need; a cancel that arrives before any claim always wins.
     await append_session_event(
         conn,
@@ -353,9 +393,12 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
 async def post_message(
     conn: Connection, owner_id: str, session_id: UUID, text: str
 ) -> tuple[dict[str, Any], str]:
-    """Log a follow-up message; steer a running session, re-queue a waiting or terminal one."""
+    """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
+    one. The first message of a session created idle becomes its prompt."""
     row = await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
+    if not row["prompt"]:  # a prompt has at least one character: none yet
+        await conn.execute(_SET_PROMPT, (text, session_id))
     delivery = "steer" if status == Status.RUNNING else "queued"
     event = await append_session_event(
         conn, session_id, SessionEventType.USER_MESSAGE, {"text": text, "delivery": delivery}

@@ -33,6 +33,18 @@ WITH bumped AS (
 )
 SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 
+-- name: assistant_versions
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v ON v.assistant_id = a.id
+WHERE a.id = %(id)s AND (%(before)s::integer IS NULL OR v.version < %(before)s)
+ORDER BY v.version DESC
+LIMIT %(limit)s;
+
 -- name: chunks_after
 SELECT after_seq, chunk, text, created_at FROM session_deltas
 WHERE session_id = %(session_id)s AND after_seq = %(after_seq)s AND chunk > %(chunk)s
@@ -64,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -118,19 +130,33 @@ WHERE sessions.id = %(session_id)s;
 
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
-                      instructions, model_settings, approval_required)
-VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+                      instructions, model_settings, approval_required, assistant_id,
+                      assistant_version)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
+-- name: get_assistant
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v
+  ON v.assistant_id = a.id AND v.version = coalesce(%(version)s, a.version)
+WHERE a.id = %(id)s AND a.owner_id = %(owner)s AND a.deleted_at IS NULL;
 
 -- name: get_session
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -139,16 +165,25 @@ SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: insert_assistant_version
+INSERT INTO assistant_versions (assistant_id, version, name, description, model,
+                                instructions, model_settings, tools, approval_required,
+                                metadata)
+VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s);
 
 -- name: list_sessions
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -179,6 +214,10 @@ SELECT count(*) AS n FROM (
     WHERE stopped_at IS NULL AND heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
 ) live;
 
+-- name: lock_assistant
+SELECT version FROM assistants
+WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
+
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
@@ -200,7 +239,9 @@ WHERE turn.after_seq IS NOT NULL AND NOT EXISTS (
 ORDER BY d.chunk;
 
 -- name: owner_pages
-SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, false AS deleted, page.size
+SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, page.epoch, false AS deleted, page.size,
+    (SELECT at.epoch FROM owner_events at WHERE at.owner_id = want.key AND at.id = want.after)
+        AS after_epoch
 FROM unnest(%(keys)s::text[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
     AS want(key, after, max_bytes)
 
@@ -250,7 +291,8 @@ RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -258,7 +300,8 @@ WHERE id = %s RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes;
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
 
 -- name: run_write
 WITH bumped AS (
@@ -379,16 +422,33 @@ owner_cursor AS (
 SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
        (SELECT n FROM notified) AS notified;
 
+-- name: search_assistants
+SELECT
+a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
+v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
+v.metadata
+
+FROM assistants a
+JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %(owner)s AND a.deleted_at IS NULL
+  AND (%(after_ts)s::timestamptz IS NULL OR (a.created_at, a.id) < (%(after_ts)s, %(after_id)s))
+  AND (%(pattern)s::text IS NULL OR v.name ILIKE %(pattern)s)
+  AND (%(exact)s::text IS NULL OR v.name = %(exact)s)
+  AND (%(metadata)s::jsonb IS NULL OR v.metadata @> %(metadata)s::jsonb)
+ORDER BY a.created_at DESC, a.id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
 -- name: session_by_id
 SELECT
     id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-    approval_required, input_tokens, output_tokens, cached_tokens, resumes
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version
  FROM sessions WHERE id = %s;
 
 -- name: session_page
-SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size FROM (
+SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at, page.epoch, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size FROM (
     SELECT log.*, sum(log.size) OVER (ORDER BY log.seq) AS upto FROM session_events log
     WHERE log.session_id = %(key)s AND log.seq > %(after)s ORDER BY log.seq LIMIT %(limit)s
 ) page JOIN sessions s ON s.id = page.session_id
@@ -396,7 +456,9 @@ WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
 ORDER BY page.seq;
 
 -- name: session_pages
-SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS session_id, page.seq, page.attempt, page.type, page.data, page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size
+SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS session_id, page.seq, page.attempt, page.type, page.data, page.created_at, page.epoch, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size,
+    (SELECT at.epoch FROM session_events at WHERE at.session_id = want.key AND at.seq = want.after)
+        AS after_epoch
 FROM unnest(%(keys)s::uuid[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
     AS want(key, after, max_bytes)
 JOIN sessions s ON s.id = want.key
@@ -408,6 +470,9 @@ LEFT JOIN LATERAL (
 WHERE page.seq IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.seq;
 
+-- name: set_prompt
+UPDATE sessions SET prompt = %s WHERE id = %s;
+
 -- name: set_status
 WITH updated AS (
     UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp()
@@ -415,7 +480,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -442,7 +508,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (
@@ -471,7 +538,8 @@ WITH updated AS (
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-approval_required, input_tokens, output_tokens, cached_tokens, resumes
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version
 
 ),
 owner_cursor AS (

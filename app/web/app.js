@@ -397,6 +397,9 @@ function renderActions(s, status) {
   } else if (status === 'running') {
     send.textContent = 'Steer';
     $('send-hint').textContent = 'The agent reads it at its next turn.';
+  } else if (status === 'idle') {
+    send.textContent = 'Send';
+    $('send-hint').textContent = 'Starts the session: its first message is its prompt.';
   } else if (status === 'queued') {
     send.textContent = 'Send';
     $('send-hint').textContent = 'Queued with the session: the agent reads it when it starts.';

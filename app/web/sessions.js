@@ -4,7 +4,7 @@
 // event older than the row (the stream starts at the first page's cursor; later pages are newer
 // snapshots) never takes it back in time, and an event already applied is never applied again.
 
-export const STATUSES = ['queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled'];
+export const STATUSES = ['idle', 'queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled'];
 
 export class SessionList {
   constructor({status = '', search = ''} = {}) {

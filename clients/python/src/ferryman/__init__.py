@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from ferryman._core import UNSET
     from ferryman.errors import (
         ApiError,
         AuthenticationError,
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
     from ferryman.models import (
         AcceptedMessage,
         ApprovalAccepted,
+        Assistant,
+        AssistantPage,
+        AssistantRef,
+        AssistantVersions,
         CancelAccepted,
         Event,
         Lease,
@@ -73,6 +78,10 @@ _ERRORS = (
 _MODELS = (
     "AcceptedMessage",
     "ApprovalAccepted",
+    "Assistant",
+    "AssistantPage",
+    "AssistantRef",
+    "AssistantVersions",
     "CancelAccepted",
     "Event",
     "Lease",
@@ -92,6 +101,7 @@ _LAZY = {
     "Conversation": "ferryman.fold",
     "SessionFold": "ferryman.fold",
     "OwnerSessionClient": "ferryman.live",
+    "UNSET": "ferryman._core",
 }
 
 
@@ -106,9 +116,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "UNSET",
     "AcceptedMessage",
     "ApiError",
     "ApprovalAccepted",
+    "Assistant",
+    "AssistantPage",
+    "AssistantRef",
+    "AssistantVersions",
     "AsyncFerryman",
     "AuthenticationError",
     "BadRequestError",

@@ -21,6 +21,9 @@ from ferryman.events import StreamEvent
 if TYPE_CHECKING:
     from ferryman.models import (
         ApprovalAccepted,
+        Assistant,
+        AssistantPage,
+        AssistantVersions,
         CancelAccepted,
         MessageAccepted,
         Session,
@@ -154,7 +157,7 @@ def _session_path(session_id: str) -> str:
 
 
 def create_session(
-    prompt: str,
+    prompt: str | None,
     *,
     title: str | None,
     model: str | None,
@@ -165,9 +168,13 @@ def create_session(
     script: list[dict[str, Any]] | None,
     metadata: dict[str, Any] | None,
     idempotency_key: str | None,
+    assistant_id: str | None = None,
+    assistant_version: int | None = None,
 ) -> Call[Session]:
     fields = {
         "prompt": prompt,
+        "assistantId": assistant_id,
+        "assistantVersion": assistant_version,
         "title": title,
         "model": model,
         "instructions": instructions,
@@ -223,6 +230,82 @@ def decide_tool_call(
         body["reason"] = reason
     path = f"{_session_path(session_id)}/tool-calls/{_segment(tool_call_id)}/approval"
     return Call("POST", path, _model("ApprovalAccepted"), json=body)
+
+
+class Unset:
+    """The default of a field `update_assistant` leaves as it is (None clears it)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = Unset()
+
+
+def _assistant_path(assistant_id: str) -> str:
+    return f"/api/assistants/{_segment(assistant_id)}"
+
+
+def create_assistant(
+    name: str,
+    *,
+    model: str,
+    description: str | None,
+    instructions: str | None,
+    model_settings: dict[str, Any] | None,
+    tools: list[str] | None,
+    approval_required: list[str] | None,
+    metadata: dict[str, Any] | None,
+) -> Call[Assistant]:
+    fields = {
+        "name": name,
+        "model": model,
+        "description": description,
+        "instructions": instructions,
+        "modelSettings": model_settings,
+        "tools": tools,
+        "approvalRequired": approval_required,
+        "metadata": metadata,
+    }
+    body = {key: value for key, value in fields.items() if value is not None}
+    return Call("POST", "/api/assistants", _model("Assistant"), json=body)
+
+
+def list_assistants(
+    name: str | None, metadata: dict[str, Any] | None, limit: int, page_token: str | None
+) -> Call[AssistantPage]:
+    params: dict[str, Any] = {"limit": limit}
+    if name:
+        params["name"] = name
+    if metadata is not None:
+        params["metadata"] = json.dumps(metadata)
+    if page_token:
+        params["pageToken"] = page_token
+    return Call("GET", "/api/assistants", _model("AssistantPage"), params=params)
+
+
+def get_assistant(assistant_id: str) -> Call[Assistant]:
+    return Call("GET", _assistant_path(assistant_id), _model("Assistant"))
+
+
+def update_assistant(assistant_id: str, changes: dict[str, Any]) -> Call[Assistant]:
+    """`changes` by wire name; an UNSET value is left out, None clears the field."""
+    body = {key: value for key, value in changes.items() if not isinstance(value, Unset)}
+    return Call("PATCH", _assistant_path(assistant_id), _model("Assistant"), json=body)
+
+
+def assistant_versions(
+    assistant_id: str, limit: int, page_token: str | None
+) -> Call[AssistantVersions]:
+    params: dict[str, Any] = {"limit": limit}
+    if page_token:
+        params["pageToken"] = page_token
+    path = f"{_assistant_path(assistant_id)}/versions"
+    return Call("GET", path, _model("AssistantVersions"), params=params)
+
+
+def delete_assistant(assistant_id: str) -> Call[None]:
+    return Call("DELETE", _assistant_path(assistant_id), _nothing)
 
 
 def list_tools() -> Call[ToolCatalog]:

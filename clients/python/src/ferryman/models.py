@@ -17,6 +17,10 @@ from ferryman.events import StreamEvent
 __all__ = [
     "AcceptedMessage",
     "ApprovalAccepted",
+    "Assistant",
+    "AssistantPage",
+    "AssistantRef",
+    "AssistantVersions",
     "CancelAccepted",
     "Event",
     "Lease",
@@ -53,6 +57,38 @@ class Usage(Model):
     cached_tokens: int = 0
 
 
+class AssistantRef(Model):
+    id: str
+    version: int
+
+
+class Assistant(Model):
+    """A stored agent definition at one of its versions."""
+
+    id: str
+    name: str
+    description: str | None = None
+    model: str
+    instructions: str | None = None
+    model_settings: dict[str, Any] = Field(default_factory=dict)
+    tools: list[str] | None = None  # None: all tools
+    approval_required: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    version: int
+    created_at: datetime
+    updated_at: datetime  # when this version was written
+
+
+class AssistantPage(Model):
+    assistants: list[Assistant]
+    next_page_token: str | None = None
+
+
+class AssistantVersions(Model):
+    versions: list[Assistant]  # newest first
+    next_page_token: str | None = None
+
+
 class Session(Model):
     id: str
     owner_id: str
@@ -63,7 +99,7 @@ class Session(Model):
     # Takeovers: runs that another worker started after a crash or a shutdown.
     resumes: int = 0
     model: str
-    prompt: str
+    prompt: str  # empty while the session is idle (created without one)
     active_stage: str | None = None
     error: dict[str, Any] | None = None
     cancel_requested: bool = False
@@ -75,6 +111,8 @@ class Session(Model):
     instructions: str | None = None
     model_settings: dict[str, Any] = Field(default_factory=dict)
     approval_required: list[str] = Field(default_factory=list)
+    # The assistant version the definition was copied from (None: none, or an older server).
+    assistant: AssistantRef | None = None
     usage: Usage = Field(default_factory=Usage)
 
     @property

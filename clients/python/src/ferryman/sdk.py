@@ -19,10 +19,12 @@ from ferryman._core import (
     MAX_LIST_LIMIT,
     MAX_TRANSCRIPT_LIMIT,
     STREAM_ERRORS,
+    UNSET,
     Call,
     ClientBase,
     Settings,
     Stream,
+    Unset,
 )
 from ferryman.errors import connection_error
 from ferryman.events import StreamEvent
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     # import pydantic (a CLI command starts faster without it).
     from ferryman.models import (
         ApprovalAccepted,
+        Assistant,
+        AssistantPage,
+        AssistantVersions,
         CancelAccepted,
         Event,
         MessageAccepted,
@@ -86,7 +91,7 @@ class Ferryman(ClientBase):
 
     def create_session(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
         title: str | None = None,
         model: str | None = None,
@@ -97,10 +102,14 @@ class Ferryman(ClientBase):
         script: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        assistant_id: str | None = None,
+        assistant_version: int | None = None,
     ) -> Session:
-        """Create a queued session. `model_settings` and `script` are sent as they are (wire
-        names: `maxTokens`, `toolCalls`, ...). The same `idempotency_key` and body give back the
-        same session."""
+        """Create a queued session, or without `prompt` an idle one that runs at its first
+        `send_message`. With `assistant_id`, the session runs that assistant's definition (at
+        `assistant_version`, default its latest), overridden by the fields given here.
+        `model_settings` and `script` are sent as they are (wire names: `maxTokens`,
+        `toolCalls`, ...). The same `idempotency_key` and body give back the same session."""
         return self._call(
             _core.create_session(
                 prompt,
@@ -113,6 +122,8 @@ class Ferryman(ClientBase):
                 script=script,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                assistant_id=assistant_id,
+                assistant_version=assistant_version,
             )
         )
 
@@ -152,7 +163,7 @@ class Ferryman(ClientBase):
         return self._call(_core.cancel_session(session_id, wait))
 
     def send_message(self, session_id: str, text: str) -> MessageAccepted:
-        """A follow-up: steers a running session, re-queues a waiting or terminal one."""
+        """A follow-up: steers a running session, queues an idle, waiting or terminal one."""
         return self._call(_core.send_message(session_id, text))
 
     def decide_tool_call(
@@ -177,6 +188,90 @@ class Ferryman(ClientBase):
             if page.next_after is None:
                 return
             after = page.next_after
+
+    # --- assistants --------------------------------------------------------------------------
+
+    def create_assistant(
+        self,
+        name: str,
+        *,
+        model: str,
+        description: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Assistant:
+        """Store an agent definition, at version 1; sessions run it with `assistant_id`."""
+        return self._call(
+            _core.create_assistant(
+                name,
+                model=model,
+                description=description,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                metadata=metadata,
+            )
+        )
+
+    def list_assistants(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> AssistantPage:
+        """One page, newest first: `name` in the name (any case), `metadata` contained in
+        theirs."""
+        return self._call(_core.list_assistants(name, metadata, limit, page_token))
+
+    def get_assistant(self, assistant_id: str) -> Assistant:
+        return self._call(_core.get_assistant(assistant_id))
+
+    def update_assistant(
+        self,
+        assistant_id: str,
+        *,
+        name: str | Unset = UNSET,
+        description: str | Unset | None = UNSET,
+        model: str | Unset = UNSET,
+        instructions: str | Unset | None = UNSET,
+        model_settings: dict[str, Any] | Unset | None = UNSET,
+        tools: list[str] | Unset | None = UNSET,
+        approval_required: list[str] | Unset | None = UNSET,
+        metadata: dict[str, Any] | Unset | None = UNSET,
+    ) -> Assistant:
+        """Write the next version with the fields given changed (None clears one; `name` and
+        `model` cannot be cleared). Sessions created from earlier versions keep theirs."""
+        return self._call(
+            _core.update_assistant(
+                assistant_id,
+                {
+                    "name": name,
+                    "description": description,
+                    "model": model,
+                    "instructions": instructions,
+                    "modelSettings": model_settings,
+                    "tools": tools,
+                    "approvalRequired": approval_required,
+                    "metadata": metadata,
+                },
+            )
+        )
+
+    def assistant_versions(
+        self, assistant_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> AssistantVersions:
+        """The assistant as each of its versions has it, newest first, one page."""
+        return self._call(_core.assistant_versions(assistant_id, limit, page_token))
+
+    def delete_assistant(self, assistant_id: str) -> None:
+        """Sessions created from it go on with the version they pinned."""
+        self._call(_core.delete_assistant(assistant_id))
 
     # --- streams -----------------------------------------------------------------------------
 
@@ -232,7 +327,7 @@ class RawFerryman:
 
     def create_session(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
         title: str | None = None,
         model: str | None = None,
@@ -243,6 +338,8 @@ class RawFerryman:
         script: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        assistant_id: str | None = None,
+        assistant_version: int | None = None,
     ) -> dict[str, Any]:
         return self._call(
             _core.create_session(
@@ -256,6 +353,8 @@ class RawFerryman:
                 script=script,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                assistant_id=assistant_id,
+                assistant_version=assistant_version,
             )
         )
 
@@ -297,6 +396,83 @@ class RawFerryman:
     def transcript(self, session_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
         return self._call(_core.transcript(session_id, after, limit))
 
+    # --- assistants --------------------------------------------------------------------------
+
+    def create_assistant(
+        self,
+        name: str,
+        *,
+        model: str,
+        description: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return self._call(
+            _core.create_assistant(
+                name,
+                model=model,
+                description=description,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                metadata=metadata,
+            )
+        )
+
+    def list_assistants(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> dict[str, Any]:
+        return self._call(_core.list_assistants(name, metadata, limit, page_token))
+
+    def get_assistant(self, assistant_id: str) -> dict[str, Any]:
+        return self._call(_core.get_assistant(assistant_id))
+
+    def update_assistant(
+        self,
+        assistant_id: str,
+        *,
+        name: str | Unset = UNSET,
+        description: str | Unset | None = UNSET,
+        model: str | Unset = UNSET,
+        instructions: str | Unset | None = UNSET,
+        model_settings: dict[str, Any] | Unset | None = UNSET,
+        tools: list[str] | Unset | None = UNSET,
+        approval_required: list[str] | Unset | None = UNSET,
+        metadata: dict[str, Any] | Unset | None = UNSET,
+    ) -> dict[str, Any]:
+        return self._call(
+            _core.update_assistant(
+                assistant_id,
+                {
+                    "name": name,
+                    "description": description,
+                    "model": model,
+                    "instructions": instructions,
+                    "modelSettings": model_settings,
+                    "tools": tools,
+                    "approvalRequired": approval_required,
+                    "metadata": metadata,
+                },
+            )
+        )
+
+    def assistant_versions(
+        self, assistant_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> dict[str, Any]:
+        return self._call(_core.assistant_versions(assistant_id, limit, page_token))
+
+    def delete_assistant(self, assistant_id: str) -> None:
+        self._client._call(_core.delete_assistant(assistant_id))
+
 
 class AsyncFerryman(ClientBase):
     """The Ferryman API, with asyncio: the methods of `Ferryman`, awaitable, and async
@@ -337,7 +513,7 @@ class AsyncFerryman(ClientBase):
 
     async def create_session(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
         title: str | None = None,
         model: str | None = None,
@@ -348,6 +524,8 @@ class AsyncFerryman(ClientBase):
         script: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        assistant_id: str | None = None,
+        assistant_version: int | None = None,
     ) -> Session:
         """See `Ferryman.create_session`."""
         return await self._call(
@@ -362,6 +540,8 @@ class AsyncFerryman(ClientBase):
                 script=script,
                 metadata=metadata,
                 idempotency_key=idempotency_key,
+                assistant_id=assistant_id,
+                assistant_version=assistant_version,
             )
         )
 
@@ -422,6 +602,83 @@ class AsyncFerryman(ClientBase):
             if page.next_after is None:
                 return
             after = page.next_after
+
+    # --- assistants --------------------------------------------------------------------------
+
+    async def create_assistant(
+        self,
+        name: str,
+        *,
+        model: str,
+        description: str | None = None,
+        instructions: str | None = None,
+        model_settings: dict[str, Any] | None = None,
+        tools: list[str] | None = None,
+        approval_required: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Assistant:
+        return await self._call(
+            _core.create_assistant(
+                name,
+                model=model,
+                description=description,
+                instructions=instructions,
+                model_settings=model_settings,
+                tools=tools,
+                approval_required=approval_required,
+                metadata=metadata,
+            )
+        )
+
+    async def list_assistants(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> AssistantPage:
+        return await self._call(_core.list_assistants(name, metadata, limit, page_token))
+
+    async def get_assistant(self, assistant_id: str) -> Assistant:
+        return await self._call(_core.get_assistant(assistant_id))
+
+    async def update_assistant(
+        self,
+        assistant_id: str,
+        *,
+        name: str | Unset = UNSET,
+        description: str | Unset | None = UNSET,
+        model: str | Unset = UNSET,
+        instructions: str | Unset | None = UNSET,
+        model_settings: dict[str, Any] | Unset | None = UNSET,
+        tools: list[str] | Unset | None = UNSET,
+        approval_required: list[str] | Unset | None = UNSET,
+        metadata: dict[str, Any] | Unset | None = UNSET,
+    ) -> Assistant:
+        return await self._call(
+            _core.update_assistant(
+                assistant_id,
+                {
+                    "name": name,
+                    "description": description,
+                    "model": model,
+                    "instructions": instructions,
+                    "modelSettings": model_settings,
+                    "tools": tools,
+                    "approvalRequired": approval_required,
+                    "metadata": metadata,
+                },
+            )
+        )
+
+    async def assistant_versions(
+        self, assistant_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> AssistantVersions:
+        return await self._call(_core.assistant_versions(assistant_id, limit, page_token))
+
+    async def delete_assistant(self, assistant_id: str) -> None:
+        await self._call(_core.delete_assistant(assistant_id))
 
     # --- streams -----------------------------------------------------------------------------
 

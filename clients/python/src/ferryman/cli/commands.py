@@ -1,4 +1,4 @@
-"""The client commands: run, follow, watch, tools, sessions ....
+"""The client commands: run, follow, watch, tools, sessions ... (assistants: cli/assistants.py).
 
 They stand on the SDK alone, never on the server's modules, so they start fast and
 work against any Ferryman URL: FERRYMAN_URL (default http://127.0.0.1:8000) and
@@ -50,7 +50,7 @@ EXIT_API_ERROR = 1  # the API refused a request
 EXIT_USAGE = 2  # bad usage, or the server cannot be reached
 EXIT_INTERRUPTED = 130  # Ctrl-C
 STATUS_EXIT = {"succeeded": 0, "failed": 3, "cancelled": 4, "waiting": 5}
-EXIT_NOT_FINISHED = 6  # queued or running when the command stopped following
+EXIT_NOT_FINISHED = 6  # idle, queued or running when the command stopped following
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -69,7 +69,7 @@ def exit_codes_help(*, created: str = "", not_finished: bool = True) -> str:
         "       or for an approval (`ferryman sessions approve`)",
     ]
     if not_finished:
-        lines.append("  6    the session is still queued or running (--no-follow)")
+        lines.append("  6    the session is still idle, queued or running (--no-follow)")
     lines.append("  130  interrupted (Ctrl-C); the session goes on on the server")
     return "\n".join(lines)
 
@@ -506,6 +506,17 @@ def _read_script(path: Path) -> list[dict[str, Any]]:
     help="A JSON file (- for stdin) with the scripted model's turns: "
     '[{"text": ..., "toolCalls": [{"name": ..., "arguments": {...}}]}, ...].',
 )
+@click.option(
+    "--assistant",
+    metavar="ID",
+    help="Run this assistant's definition (`ferryman assistants`); the options given override it.",
+)
+@click.option(
+    "--assistant-version",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="The assistant's version to run [its latest].",
+)
 @click.option("--title", metavar="TEXT", help="The title [the prompt's first line].")
 @click.option(
     "--tool",
@@ -535,6 +546,8 @@ def run(
     model: str | None,
     instructions: str | None,
     script: Path | None,
+    assistant: str | None,
+    assistant_version: int | None,
     title: str | None,
     tool: tuple[str, ...],
     approval_required: tuple[str, ...],
@@ -549,9 +562,13 @@ def run(
     once it is created, whatever comes of it.
     """
     turns = _read_script(script) if script is not None else None
+    if assistant_version is not None and assistant is None:
+        fail("--assistant-version needs --assistant")
     with _client(url, api_key) as client:
         session = client.raw.create_session(
             prompt,
+            assistant_id=assistant,
+            assistant_version=assistant_version,
             title=title,
             model=model,
             instructions=instructions,
@@ -617,6 +634,7 @@ def sessions_cli() -> None:
 
 
 STATUS_STYLES = {
+    "idle": "dim",
     "queued": "dim",
     "running": "blue",
     "waiting": "yellow",
@@ -673,7 +691,7 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
     "status",
     multiple=True,
     metavar="STATUS",
-    help="Only sessions in this status (repeat): queued, running, waiting, "
+    help="Only sessions in this status (repeat): idle, queued, running, waiting, "
     "succeeded, failed, cancelled.",
 )
 @click.option(
@@ -1080,5 +1098,7 @@ follow_command.help = _with_exit_codes(follow_command, exit_codes_help())
 
 def register(cli: click.Group) -> None:
     """Add the client commands to `cli`."""
-    for command in (run, follow_command, watch, tools_command, sessions_cli):
+    from ferryman.cli.assistants import assistants_cli
+
+    for command in (run, follow_command, watch, tools_command, sessions_cli, assistants_cli):
         cli.add_command(command)

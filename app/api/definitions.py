@@ -1,0 +1,150 @@
+"""Agent definitions from request bodies: the session a create body asks for, with the
+assistant version it names resolved and copied in, and an assistant's definition. Shared by
+the sessions and assistants routes and by the protocols that create sessions from assistants,
+so each checks a definition the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from fastapi.exceptions import RequestValidationError
+
+from app.api import schemas
+from app.api.tool_names import check_tool_names
+from app.domain import default_title
+from app.errors import AssistantNotFound
+from app.services import Services
+from app.store import assistants as assistant_store
+from app.store.assistants import AssistantDefinition
+from app.store.sessions import NewSession, request_fingerprint
+
+# UpdateAssistant's fields, by the AssistantDefinition field each changes.
+_ASSISTANT_FIELDS = {
+    "name": "name",
+    "description": "description",
+    "model": "model",
+    "instructions": "instructions",
+    "modelSettings": "model_settings",
+    "tools": "tools",
+    "approvalRequired": "approval_required",
+    "metadata": "metadata",
+}
+
+
+def parse_assistant_id(raw: str) -> UUID:
+    """An assistant id; anything that is not a UUID names no assistant (404, like a foreign
+    one)."""
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise AssistantNotFound() from None
+
+
+async def resolve_session(
+    services: Services, owner: str, body: schemas.CreateSession
+) -> NewSession:
+    """The session to store for `body`: with `assistantId`, that assistant version's
+    definition (AssistantNotFound for none of the owner's), overridden by the fields the body
+    gives (`modelSettings` key by key); the tool names checked (422 naming the unknown ones)."""
+    base: dict[str, Any] = {}
+    pinned: dict[str, Any] | None = None
+    if body.assistantId is not None:
+        async with services.db.connection() as conn:
+            pinned = await assistant_store.get_version(
+                conn, owner, parse_assistant_id(body.assistantId), body.assistantVersion
+            )
+        base = assistant_store.definition_of(pinned)
+    tools = body.tools if body.tools is not None else base.get("tools")
+    approval_required = (
+        body.approvalRequired
+        if body.approvalRequired is not None
+        else base.get("approval_required")
+    )
+    model_settings = {**(base.get("model_settings") or {}), **(body.settings_dict() or {})}
+    if pinned is not None:
+        check_tool_choice(model_settings, tools)
+    await check_tool_names(services, tools, approval_required, model_settings)
+    return NewSession(
+        prompt=body.prompt,
+        title=body.title or default_title(body.prompt or ""),
+        model=body.model or base.get("model") or services.settings.model,
+        script=[turn.model_dump(exclude_none=True) for turn in body.script]
+        if body.script is not None
+        else None,
+        tools=tools,
+        metadata=body.metadata or {},
+        instructions=body.instructions
+        if body.instructions is not None
+        else base.get("instructions"),
+        model_settings=model_settings,
+        approval_required=approval_required,
+        assistant_id=None if pinned is None else pinned["id"],
+        assistant_version=None if pinned is None else pinned["version"],
+        request=None if pinned is None else body.model_dump(mode="json", exclude_unset=True),
+    )
+
+
+def assistant_request_fingerprint(body: schemas.CreateSession) -> str | None:
+    """The fingerprint a create naming an assistant is kept under (None for any other), known
+    before the assistant is read: a retry finds its session even once the assistant is gone."""
+    if body.assistantId is None:
+        return None
+    return request_fingerprint(body.model_dump(mode="json", exclude_unset=True))
+
+
+async def assistant_definition(
+    services: Services, body: schemas.CreateAssistant
+) -> AssistantDefinition:
+    """The definition a create body gives, its tool names checked."""
+    settings = body.settings_dict() or {}
+    await check_tool_names(services, body.tools, body.approvalRequired, settings)
+    return AssistantDefinition(
+        name=body.name,
+        model=body.model,
+        description=body.description,
+        instructions=body.instructions,
+        model_settings=settings,
+        tools=body.tools,
+        approval_required=body.approvalRequired,
+        metadata=body.metadata or {},
+    )
+
+
+async def assistant_changes(
+    services: Services, latest: dict[str, Any], body: schemas.UpdateAssistant
+) -> dict[str, Any]:
+    """The AssistantDefinition fields `body` changes, checked as the version they make with
+    `latest` (an assistant row) would be."""
+    changes: dict[str, Any] = {
+        _ASSISTANT_FIELDS[name]: getattr(body, name) for name in body.model_fields_set
+    }
+    if "modelSettings" in body.model_fields_set:
+        changes["model_settings"] = body.settings_dict() or {}
+    if "metadata" in body.model_fields_set:
+        changes["metadata"] = body.metadata or {}
+    merged = {**assistant_store.definition_of(latest), **changes}
+    check_tool_choice(merged["model_settings"], merged["tools"])
+    await check_tool_names(
+        services,
+        changes.get("tools"),
+        changes.get("approval_required"),
+        changes.get("model_settings"),
+    )
+    return changes
+
+
+def check_tool_choice(model_settings: dict[str, Any], tools: list[str] | None) -> None:
+    """422 when a definition put together from parts names a toolChoice its tools leave out."""
+    problem = schemas.tool_choice_problem(model_settings, tools)
+    if problem is not None:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("body", "modelSettings", "toolChoice"),
+                    "msg": problem,
+                    "input": model_settings.get("toolChoice"),
+                }
+            ]
+        )

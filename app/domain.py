@@ -56,6 +56,26 @@ DEFAULT_TITLE_CHARS = 80
 OWNER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 
 
+# A log position as clients hold it (the `id` of an event, a cursor): the event's seq or owner
+# id, with the epoch of the log it was written in above bit EPOCH_SHIFT (migration 0009: epoch 0
+# is the log since Ferryman's schema was made, so there the position is the number itself). A
+# standby promoted after asynchronous replication gives the lost events' numbers out again: the
+# epoch tells them apart. Below 2^53 for every epoch a smallint can hold, so JavaScript reads
+# it exactly.
+EPOCH_SHIFT = 40
+NUMBER_MASK = (1 << EPOCH_SHIFT) - 1
+
+
+def position(epoch: int, number: int) -> int:
+    """The position of event `number` of a log written in `epoch`."""
+    return (epoch << EPOCH_SHIFT) | number
+
+
+def split_position(pos: int) -> tuple[int, int]:
+    """(epoch, number) of a position."""
+    return pos >> EPOCH_SHIFT, pos & NUMBER_MASK
+
+
 def check_owner_id(owner_id: str) -> str:
     """`owner_id` if it has the one owner format; ValueError saying what it must be otherwise."""
     if not OWNER_ID_PATTERN.fullmatch(owner_id):

@@ -10,7 +10,10 @@ PostgreSQL, the workers and the API process.
     python -m bench.streaming --sessions 100 500 1000 2000 --duration 20
 
 Each value of --sessions is one run in a fresh database with a fresh API process and fresh
-workers. The database server is --database-url ($DATABASE_URL), else a dedicated embedded
+workers. `--baseline DIR` (another checkout, a `git worktree` of main with its own `.venv`) runs
+each value with that checkout's API process and workers too, in turns (its database migrated by
+its own server): a change measured before and after in one run, columns `N baseline` and
+`N this`. The database server is --database-url ($DATABASE_URL), else a dedicated embedded
 PostgreSQL (its own data directory, `pg_stat_statements` preloaded; the first use restarts it
 once to load it).
 
@@ -44,7 +47,12 @@ What is measured (see bench/README.md for the error bounds):
   `pg_stat_statements`, when the server preloads it; notifications the API process's LISTEN
   connection received (`ferryman_bus_notifications_total` on /metrics), always.
 - commits: `xact_commit` of the benchmark database in `pg_stat_database` (backends report it
-  up to a second late; the benchmark's own monitor adds about 1/s).
+  up to a second late; the benchmark's own monitor adds about 1/s). Per session: over the
+  whole run, from before the workers start to the end; statements per session likewise, from
+  `pg_stat_statements` (every statement of the database but the monitor's).
+- WAL per session: `pg_current_wal_lsn()` over the whole run, of the whole server (so
+  checkpoints and autovacuum too), per session; the `session_deltas` table's peak size
+  (`pg_total_relation_size`, sampled every second) for the stored token chunks.
 - CPU: user + system time from /proc, in % of one core. PostgreSQL: the postmaster and all its
   processes, backends that exited included (the postmaster's reaped-children times); all of
   the server's databases, so on a shared server other users' load too. RSS: VmRSS sampled every
@@ -99,6 +107,7 @@ TS_FIELD = b'"ts":"'
 TEXT_FIELD = b'"text":"'
 STATUS_FIELD = b'"status":"'
 DELTA_HEAD = b"event: message_delta\n"
+DELTA_EVENT = b"\n" + DELTA_HEAD
 
 
 class Stamps:
@@ -149,7 +158,8 @@ class SseClient(SseProtocol[Record, StreamingState]):
 
     def frame(self, frame: bytes, now: float) -> None:
         rec, state = self.sub, self.state
-        if frame.startswith(DELTA_HEAD):
+        # A delta frame leads with its event, or (numbered chunks) with `id: <seq>.<chunk>`.
+        if frame.startswith(DELTA_HEAD) or frame.find(DELTA_EVENT, 0, 64) > 0:
             at = frame.find(TEXT_FIELD) + len(TEXT_FIELD)
             tokens = frame[at : frame.index(b'"', at)].split()
             if not tokens:
@@ -262,6 +272,8 @@ def cpu_and_hwm(pid: int) -> tuple[float, int, int]:
 STATS_SQL = """
 SELECT
   (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) AS commits,
+  pg_current_wal_lsn() - '0/0'::pg_lsn AS wal_bytes,
+  coalesce(pg_total_relation_size(to_regclass('session_deltas')), 0) AS deltas_table_bytes,
   {statements}
 """
 STATEMENTS_SQL = """
@@ -304,9 +316,11 @@ class Probe:
         assert row is not None
         return {
             "commits": float(row[0]),
-            "delta_calls": None if row[1] is None else float(row[1]),
-            "delta_rows": None if row[2] is None else float(row[2]),
-            "notify_calls": None if row[3] is None else float(row[3]),
+            "wal_bytes": float(row[1]),
+            "deltas_table_bytes": float(row[2]),
+            "delta_calls": None if row[3] is None else float(row[3]),
+            "delta_rows": None if row[4] is None else float(row[4]),
+            "notify_calls": None if row[5] is None else float(row[5]),
         }
 
     def statements_now(self) -> dict[int, tuple[str, int]]:
@@ -468,6 +482,7 @@ def log_problems(path: str, stopped_at: float) -> tuple[LogTally, LogTally]:
 
 @dataclass
 class Result:
+    system: str
     sessions: int
     workers: int
     concurrency: int
@@ -513,6 +528,11 @@ class Result:
     notify_calls_s: float | None
     bus_notifications_s: float | None
     commits_s: float
+    commits_per_session: float
+    statements_per_session: float | None
+    delta_calls_per_session: float | None
+    wal_kb_per_session: float
+    deltas_table_peak_kb: float
     db_cpu_pct: float
     api_cpu_pct: float
     api_rss_mb: float
@@ -652,17 +672,29 @@ def mb(value: float) -> float:
 # One run
 
 
-def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
-    from tests.support import ServerProcess, WorkerProcess, fresh_database, stop_all
+def run_scenario(
+    args: argparse.Namespace, admin_url: str, n: int, checkout: Path | None = None
+) -> Result:
+    """One run of `n` sessions, with this checkout's server and workers, or `checkout`'s."""
+    from tests.support import (
+        ServerProcess,
+        WorkerProcess,
+        empty_database,
+        fresh_database,
+        stop_all,
+    )
 
-    label = f"[{n} sessions]"
+    system = "baseline" if checkout is not None else "this"
+    label = f"[{n} sessions{', baseline' if checkout is not None else ''}]"
     tokens = round(args.rate * args.duration)
     pace = args.duration / tokens
     workers_count = max(args.workers, math.ceil(n / MAX_WORKER_CONCURRENCY))
     concurrency = math.ceil(n / workers_count)
     extra = dict(item.split("=", 1) for item in args.env)
     load_before = os.getloadavg()[0]
-    with fresh_database("ferryman_bench_streaming", admin_url) as url:
+    # A baseline's server migrates its database itself, to its own head.
+    database = empty_database if checkout is not None else fresh_database
+    with database("ferryman_bench_streaming", admin_url) as url:
         probe = Probe(url)
         server = ServerProcess(
             url,
@@ -673,6 +705,7 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
                 "FERRYMAN_POOL_MAX_SIZE": str(args.api_pool),
                 **extra,
             },
+            checkout=checkout,
         )
         workers: list[Any] = []
         procs: list[Any] = []
@@ -713,7 +746,9 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
             monitor.start()
             worker_env = {"FERRYMAN_POOL_MAX_SIZE": str(args.worker_pool), **extra}
             workers = [
-                WorkerProcess(url, env=worker_env, concurrency=concurrency).start()
+                WorkerProcess(
+                    url, env=worker_env, concurrency=concurrency, checkout=checkout
+                ).start()
                 for _ in range(workers_count)
             ]
             monitor.worker_pids = [w.pid for w in workers]
@@ -794,13 +829,20 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
             if line:
                 problems.append(f"{name} log, {line}")
     span = final.mono - samples[0].mono
-    busiest = sorted(
+    busiest_all = sorted(
         (
             (calls - statements_before.get(qid, ("", 0))[1], query)
             for qid, (query, calls) in statements_after.items()
         ),
         reverse=True,
-    )[: args.top_statements]
+    )
+    busiest = busiest_all[: args.top_statements]
+    first = samples[0]
+
+    def whole(counter: str) -> float:
+        """A counter's growth over the whole run (from before the workers started)."""
+        return float(final.counters[counter] or 0) - float(first.counters[counter] or 0)
+
     statements = [f"{calls / span:7.1f}/s  {query[:110]}" for calls, query in busiest if calls]
     machine = (b.machine[0] - a.machine[0]) / max(1.0, b.machine[1] - a.machine[1]) * 100
 
@@ -809,6 +851,7 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
         return math.nan if r is None else r * 100
 
     return Result(
+        system=system,
         sessions=n,
         workers=workers_count,
         concurrency=concurrency,
@@ -854,6 +897,13 @@ def run_scenario(args: argparse.Namespace, admin_url: str, n: int) -> Result:
         notify_calls_s=rate(a, b, lambda s: s.counters["notify_calls"]),
         bus_notifications_s=rate(a, b, lambda s: s.bus),
         commits_s=rate(a, b, lambda s: s.counters["commits"]) or math.nan,
+        commits_per_session=whole("commits") / n,
+        statements_per_session=(sum(c for c, _ in busiest_all) / n if probe.statements else None),
+        delta_calls_per_session=(
+            None if first.counters["delta_calls"] is None else whole("delta_calls") / n
+        ),
+        wal_kb_per_session=whole("wal_bytes") / n / 1024,
+        deltas_table_peak_kb=max(s.counters["deltas_table_bytes"] or 0 for s in samples) / 1024,
         db_cpu_pct=pct(lambda s: s.db_cpu),
         api_cpu_pct=pct(lambda s: s.api_cpu),
         api_rss_mb=mb(max(s.api_rss for s in samples)),
@@ -953,6 +1003,11 @@ ROWS: list[tuple[str, Any]] = [
     ("pg_notify statements/s, all", lambda r: fmt(r.notify_calls_s, "{:.0f}")),
     ("notifications/s at the API's LISTEN", lambda r: fmt(r.bus_notifications_s, "{:.0f}")),
     ("commits/s (benchmark database)", lambda r: fmt(r.commits_s, "{:.0f}")),
+    ("commits per session (whole run)", lambda r: fmt(r.commits_per_session, "{:.1f}")),
+    ("statements per session (whole run)", lambda r: fmt(r.statements_per_session, "{:.1f}")),
+    ("delta statements per session", lambda r: fmt(r.delta_calls_per_session, "{:.1f}")),
+    ("WAL per session (kB, whole server)", lambda r: fmt(r.wal_kb_per_session, "{:.1f}")),
+    ("session_deltas table, peak (kB)", lambda r: fmt(r.deltas_table_peak_kb, "{:.0f}")),
     ("PostgreSQL CPU (% of one core)", lambda r: fmt(r.db_cpu_pct, "{:.0f}")),
     ("workers CPU, all (% of one core)", lambda r: fmt(r.workers_cpu_pct, "{:.0f}")),
     ("worker VmHWM, largest (MB)", lambda r: f"{r.worker_hwm_mb:.0f}"),
@@ -965,7 +1020,11 @@ ROWS: list[tuple[str, Any]] = [
 
 
 def report(results: list[Result]) -> str:
-    lines = [["sessions"] + [str(r.sessions) for r in results]]
+    systems = {r.system for r in results}
+    lines = [
+        ["sessions"]
+        + [f"{r.sessions} {r.system}" if len(systems) > 1 else str(r.sessions) for r in results]
+    ]
     lines += [[label] + [cell(r) for r in results] for label, cell in ROWS]
     widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     out = []
@@ -985,14 +1044,15 @@ def report(results: list[Result]) -> str:
 
 
 @contextlib.contextmanager
-def database_server(url: str | None, nice: int) -> Any:
-    """An admin URL: `url`, or a dedicated embedded PostgreSQL with pg_stat_statements."""
+def database_server(url: str | None, nice: int, data_dir: Path | None = None) -> Any:
+    """An admin URL: `url`, or a dedicated embedded PostgreSQL with pg_stat_statements (in
+    `data_dir`, if given)."""
     if url:
         yield url
         return
     from tests.cluster import Cluster, data_dir_for
 
-    cluster = Cluster(data_dir_for("ferryman-bench-streaming"))
+    cluster = Cluster(data_dir or data_dir_for("ferryman-bench-streaming"))
     try:
         admin = cluster.boot()
         import psycopg
@@ -1051,6 +1111,12 @@ def main() -> int:
         help="a server to create the bench databases on (default: $DATABASE_URL, else a "
         "dedicated embedded PostgreSQL)",
     )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="the dedicated embedded PostgreSQL's data directory (default: one for every "
+        "checkout; give one of your own where others may run this at the same time)",
+    )
     parser.add_argument("--connect-timeout", type=float, default=120.0)
     parser.add_argument(
         "--timeout",
@@ -1083,7 +1149,18 @@ def main() -> int:
         help="add this to the niceness of the benchmark and everything it starts (see "
         "bench/README.md, owner fan-out)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="another checkout of Ferryman with its own .venv (a `git worktree` of main): each "
+        "--sessions value runs its server and workers too, beside this one's, in turns",
+    )
     args = parser.parse_args()
+    if args.baseline and not (args.baseline / ".venv" / "bin" / "python").exists():
+        parser.error(f"--baseline {args.baseline}: no .venv/bin/python there")
+    if args.baseline:
+        args.baseline = args.baseline.resolve()
     if args.nice:
         renice(args.nice)
     sys.path.insert(0, str(REPO))
@@ -1094,10 +1171,20 @@ def main() -> int:
         flush=True,
     )
     results: list[Result] = []
-    with database_server(args.database_url, args.nice) as admin_url:
-        for n in args.sessions:
+    with database_server(args.database_url, args.nice, args.data_dir) as admin_url:
+        runs = [
+            (n, checkout)
+            for i, n in enumerate(args.sessions)
+            # With a baseline, each N runs both, in turns: baseline first for every other N.
+            for checkout in (
+                ([args.baseline, None] if i % 2 == 0 else [None, args.baseline])
+                if args.baseline
+                else [None]
+            )
+        ]
+        for n, checkout in runs:
             try:
-                r = run_scenario(args, admin_url, n)
+                r = run_scenario(args, admin_url, n, checkout)
             except KeyboardInterrupt:
                 print(
                     f"[{n} sessions] interrupted; every process it started is stopped", flush=True

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from signal import SIGTERM  # ChildProcess.signal shadows the module in its class
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -81,6 +82,9 @@ class ChildProcess:
     env: dict[str, str] = field(default_factory=dict)
     # The test host (network namespace) to run in; None: this machine's own network.
     netns: Host | None = None
+    # Another checkout of Ferryman (with its own .venv) to run instead of this one: a
+    # benchmark's `--baseline`.
+    checkout: Path | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     log_path: str = field(default="", init=False)
 
@@ -100,13 +104,15 @@ class ChildProcess:
             self.proc = subprocess.Popen(
                 [
                     *(self.netns.exec_prefix() if self.netns else []),
-                    sys.executable,
+                    str(self.checkout / ".venv" / "bin" / "python")
+                    if self.checkout
+                    else sys.executable,
                     "-m",
                     "app",
                     *args,
                 ],
                 env=env,
-                cwd=REPO,
+                cwd=self.checkout or REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -327,13 +327,16 @@ async def test_join_across_api_restart_and_worker_kill(
     with warnings_ignored():
         task = asyncio.create_task(follow())
         await asyncio.wait_for(sleeping.wait(), 30)
+        # The worker first, so that the run is still going when the stream is cut: the SDK
+        # rejoins a run it finds running (and stops at one it finds ended).
+        worker.stop(signal.SIGKILL)  # mid-sleep
         protocol_api.stop()  # SIGTERM: its streams end, the client reconnects
         protocol_api.start()
-        worker.stop(signal.SIGKILL)  # mid-sleep
         await ready(start_worker())
         await asyncio.wait_for(task, 90)
     run_id = parts[0].data["run_id"]
-    assert parts[-1].event == "end" and parts[-1].data["status"] == "success"
+    assert parts[-1].event == "end", " ".join(f"{p.id}:{p.event}" for p in parts)
+    assert parts[-1].data["status"] == "success"
     ids = [p.id for p in parts]
     assert len(set(ids)) == len(ids), "an event came twice"
     assert any(p.event == "custom" and p.data["type"] == "session_resumed" for p in parts)

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from httpx_sse import ServerSentEvent
 
+from app.domain import split_position
 from tests.cluster import Cluster, data_dir_for
 from tests.support import ServerProcess, client, create_owner_key, sse
 
@@ -80,6 +81,11 @@ class StreamLog:
         return [e for e in self.events if is_durable(e)]
 
     def ids(self) -> list[int]:
+        """The numbers (seqs, owner ids) of its durable events, whatever their log's epoch."""
+        return [split_position(int(e.id))[1] for e in self.durable()]
+
+    def positions(self) -> list[int]:
+        """Their ids as sent (`domain.position`): they only grow, across a failover too."""
         return [int(e.id) for e in self.durable()]
 
 
@@ -96,7 +102,7 @@ async def follow(http: httpx.AsyncClient, log: StreamLog, stop: asyncio.Event) -
                         log.last_id = event.id
                     if event.event == "caught_up":
                         if log.start_cursor is None:
-                            log.start_cursor = int(event.json()["cursor"])
+                            log.start_cursor = split_position(int(event.json()["cursor"]))[1]
                         log.caught_up.set()
             log.failures.append("stream ended")
         except httpx.HTTPStatusError as exc:

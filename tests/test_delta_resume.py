@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ferryman import AsyncFerryman, SessionFold
 from tests.support import (
     ServerProcess,
     WorkerProcess,
@@ -113,7 +114,7 @@ async def test_a_reconnect_mid_turn_to_another_process_gets_exactly_the_missed_c
         assert before.last_id is not None and "." in before.last_id
         await asyncio.sleep(1.0)  # the turn streams on while the client is away
         after = await read(second, sid, last_event_id=before.last_id)
-        await wait_for_status(first, sid, "succeeded")
+        await wait_for_status(first, sid, {"succeeded"})
     assert after.message == TEXT
     assert "assistant_message" not in before.types
     seen = before.deltas + after.deltas
@@ -135,7 +136,7 @@ async def test_a_reconnect_at_an_event_mid_turn_gets_every_chunk_so_far(
         before = await read(first, sid, deltas=8)
         at_event = str(before.deltas[0].after)  # the event the turn follows, no fraction
         again = await read(second, sid, last_event_id=at_event)
-        await wait_for_status(first, sid, "succeeded")
+        await wait_for_status(first, sid, {"succeeded"})
     assert again.message == TEXT
     assert numbers(again.deltas) == list(range(1, len(again.deltas) + 1))
     assert "".join(d.text for d in again.deltas) == TEXT
@@ -151,7 +152,7 @@ async def test_follow_false_mid_turn_sends_the_stored_chunks_before_caught_up(
         before = await read(http, sid, deltas=5)
         await asyncio.sleep(0.5)
         snapshot = await read(http, sid, last_event_id=before.last_id, follow="false")
-        await wait_for_status(http, sid, "succeeded")
+        await wait_for_status(http, sid, {"succeeded"})
         settled = await read(http, sid, last_event_id=before.last_id, follow="false")
     assert snapshot.caught_up_at == len(snapshot.deltas) >= 1
     assert numbers(snapshot.deltas)[0] == before.deltas[-1].chunk + 1
@@ -173,3 +174,31 @@ async def test_a_cursor_with_a_bad_chunk_is_a_client_error(api: ServerProcess, k
             assert response.json()["code"] == "INVALID_CURSOR"
         owner = await http.get("/api/agent/owner-events", headers={"Last-Event-ID": "1.2"})
         assert owner.status_code == 400
+
+
+async def test_the_sdk_resumes_a_turn_from_a_deltas_id_on_another_process(
+    api: ServerProcess, other_api: ServerProcess, shared_worker: WorkerProcess, key: str
+) -> None:
+    await ready(shared_worker)
+    fold = SessionFold()
+    async with AsyncFerryman(api.url, api_key=key) as first:
+        session = await first.create_session("go", script=SLOW_TURN)
+        seen = 0
+        last: str | None = None
+        async for event in first.session_events(session.id):
+            fold.apply(event)
+            if event.type == "message_delta":
+                seen, last = seen + 1, event.id
+                if seen == 6:
+                    break
+    assert last is not None and "." in last
+    draft = fold.draft
+    await asyncio.sleep(0.8)
+    async with AsyncFerryman(other_api.url, api_key=key) as second:
+        async for event in second.session_events(session.id, after=last):
+            if event.type == "assistant_message":
+                final = event.data["text"]
+                break
+            fold.apply(event)
+    assert fold.draft is not None and draft is not None and len(fold.draft) > len(draft)
+    assert fold.draft == final == TEXT

@@ -132,7 +132,7 @@ async def test_what_a_direct_write_cannot_do_wakes_the_stream() -> None:
     # rest.
     connection.full = False
     follower, task = await _parked(feed, connection)
-    big = [Event.of(n, "tool_result", {"pad": "x" * 600}) for n in (2, 3)]
+    big = [Event.of(n, "tool_result", {"id": str(n), "pad": "x" * 600}) for n in (2, 3)]
     _publish(feed, *big)
     await asyncio.wait_for(task, 1)
     assert connection.chunks == [big[0].live] and follower.cursor == 2
@@ -142,7 +142,7 @@ async def test_what_a_direct_write_cannot_do_wakes_the_stream() -> None:
     follower = Follower(connection.write, 3, 0, feed.ephemeral_count - 1)  # the delta not taken
     task = asyncio.create_task(feed.park(follower, feed.generation))
     await asyncio.sleep(0)
-    _publish(feed, Event.of(4, "tool_result", {"pad": "x" * 600}))
+    _publish(feed, Event.of(4, "tool_result", {"id": "4", "pad": "x" * 600}))
     await asyncio.wait_for(task, 1)
     assert connection.chunks == [] and len(follower.unsent) == 2 and follower.cursor == 4
     # The keep-alive tick, the feed's close: woken too.
@@ -236,7 +236,8 @@ async def _live_bytes(steps: list[tuple[str, Any]], *, direct: bool) -> bytes:
     for step, arg in steps:
         if step == "events":
             for type_, pad in arg:
-                log.append(Event.of(len(log) + 1, type_, {"type": type_, "pad": "x" * pad}))
+                n = len(log) + 1
+                log.append(Event.of(n, type_, {"id": str(n), "type": type_, "pad": "x" * pad}))
             feed.wake()
         elif step == "delta":
             after = max(0, len(log) + arg)

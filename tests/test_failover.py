@@ -12,9 +12,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
+from httpx_sse import ServerSentEvent
 
 from app.db import migrate
 from tests.ha import AUTO_FAILOVER_EXTENSION, BIN, PG_AUTOCTL, AutoFailoverFormation, ReplicatedPair
@@ -25,9 +28,10 @@ from tests.support import (
     create_owner_key,
     missing,
     new_session,
+    sse,
     stop_all,
 )
-from tests.test_db_restart import StreamLog, follow, wait_for
+from tests.test_db_restart import StreamLog, follow, is_durable, wait_for
 
 # Its servers are its own, whatever $DATABASE_URL says: CI runs it on one PostgreSQL only.
 pytestmark = pytest.mark.once
@@ -40,16 +44,22 @@ PROMOTE_AFTER = float(os.environ.get("FAILOVER_PROMOTE_AFTER", "3"))
 RECOVERY_BOUND = 60.0  # from the primary's loss to every session ended
 
 
-@pytest.fixture
-def pair() -> Iterator[ReplicatedPair]:
+@contextlib.contextmanager
+def replicated_pair(synchronous: bool) -> Iterator[ReplicatedPair]:
     if not (BIN / "pg_basebackup").exists():
         missing("PostgreSQL 15 server binaries", "apt-get install postgresql-15")
-    pair = ReplicatedPair(synchronous=True)
+    pair = ReplicatedPair(synchronous=synchronous)
     try:
         pair.start()
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    with replicated_pair(synchronous=True) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -206,7 +216,144 @@ async def fail_over_under_load(
         server.stop()
     session_ids = session_log.ids()
     assert session_ids == list(range(1, len(session_ids) + 1)), f"session stream: {session_ids}"
+    for log in (session_log, owner_log):
+        positions = log.positions()
+        assert positions == sorted(set(positions)), f"{log.path}: {positions}"
     owner_ids = owner_log.ids()
     assert owner_ids == list(range(expected_owner + 1, expected_owner + 1 + len(owner_ids))), (
         f"owner stream: {owner_ids}"
     )
+
+
+@pytest.fixture
+def async_pair() -> Iterator[ReplicatedPair]:
+    with replicated_pair(synchronous=False) as pair:
+        yield pair
+
+
+def cut_replication(pair: ReplicatedPair) -> None:
+    """Stop the standby's WAL receiver: what the primary commits from now on never reaches it,
+    as when an asynchronous standby lags at the moment its primary dies."""
+    primary = pair.admin_url(pair.primary)
+    with psycopg.connect(primary, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+        assert row is not None
+        flushed = row[0]
+    with psycopg.connect(pair.admin_url(pair.standby), autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while True:  # first everything so far
+            row = conn.execute(
+                "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (flushed,)
+            ).fetchone()
+            if row is not None and row[0]:
+                break
+            assert time.monotonic() < deadline, "the standby did not catch up"
+            time.sleep(0.1)
+        conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+        conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 30
+        while conn.execute("SELECT 1 FROM pg_stat_wal_receiver").fetchone() is not None:
+            assert time.monotonic() < deadline, "the standby's WAL receiver did not stop"
+            time.sleep(0.1)
+
+
+async def read_stream(
+    http: httpx.AsyncClient, path: str, last_event_id: str | None = None, **params: Any
+) -> list[ServerSentEvent]:
+    async with sse(http, path, last_event_id=last_event_id, **params) as events:
+        return [event async for event in events]
+
+
+async def post_message(http: httpx.AsyncClient, session_id: str, text: str) -> int:
+    deadline = time.monotonic() + RECOVERY_BOUND
+    while True:  # 503 until the standby is promoted and the pool reconnects
+        with contextlib.suppress(httpx.HTTPError):
+            response = await http.post(f"/api/agent/{session_id}/messages", json={"text": text})
+            if response.status_code == 202:
+                return int(response.json()["message"]["seq"])
+            assert response.status_code == 503, response.text
+        assert time.monotonic() < deadline, "the API did not come back"
+        await asyncio.sleep(0.2)
+
+
+async def test_async_failover_asks_clients_ahead_of_the_promoted_log_to_resync(
+    async_pair: ReplicatedPair,
+) -> None:
+    """The primary commits events the asynchronous standby never gets, a client reads them,
+    and the standby is promoted: the new primary gives those seqs and owner ids out again, to
+    other events. A client whose cursor names a lost event gets `resync_required`, both when it
+    reconnects and when its stream stayed open through the failover; one whose cursor
+    survived goes on without a gap."""
+    pair = async_pair
+    with psycopg.connect(pair.admin_url(pair.primary), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE fm")
+    url = pair.url("fm")
+    migrate.upgrade(url)
+    _, key = create_owner_key(url)
+    server = ServerProcess(url, env={"FERRYMAN_POOL_TIMEOUT": "2", "FERRYMAN_AUTH": "keys"})
+    session_path = ""
+    try:
+        server.start()
+        async with client(server.url, key) as http:
+            session_id = await new_session(http, "before")  # no worker: it stays queued
+            session_path = f"/api/agent/{session_id}/events"
+            for n in range(2):
+                await post_message(http, session_id, f"replicated {n}")
+            await asyncio.to_thread(cut_replication, pair)
+            survived = (await http.get(f"/api/agent/{session_id}")).json()["lastSeq"]
+            for n in range(3):
+                await post_message(http, session_id, f"lost {n}")
+            await new_session(http, "lost too")  # and an owner event
+            seen = await read_stream(http, session_path, follow="false")
+            lost_cursor = [e.id for e in seen if is_durable(e)][-1]
+            assert int(lost_cursor) == survived + 3
+            owner_cursor = (await http.get("/api/agent")).json()["cursor"]
+
+            # A stream open through the failover, at the lost tail.
+            open_stream: list[ServerSentEvent] = []
+
+            async def stay_open() -> None:
+                with contextlib.suppress(httpx.HTTPError):
+                    async with sse(http, session_path, last_event_id=lost_cursor) as events:
+                        async for event in events:
+                            open_stream.append(event)
+
+            kept = asyncio.create_task(stay_open())
+            await wait_for(
+                lambda: any(e.event == "caught_up" for e in open_stream), 10, "caught up"
+            )
+            await asyncio.to_thread(pair.primary.stop, "immediate")
+            await asyncio.to_thread(pair.promote_standby)
+            reused = [await post_message(http, session_id, f"after {n}") for n in range(5)]
+            for n in range(2):
+                await new_session(http, f"after {n}")
+            assert reused[0] == survived + 1, "the promoted log gives the lost seqs out again"
+
+            await asyncio.wait_for(kept, 30)  # it ends rather than skip the new events
+            sent_after = [e for e in open_stream if is_durable(e) and int(e.id) > int(lost_cursor)]
+            assert sent_after == [], f"a silent gap: {sent_after}"
+
+            again = await read_stream(http, session_path, last_event_id=lost_cursor)
+            assert [e.event for e in again] == ["resync_required"]
+            assert again[0].json()["reason"] == "cursor_ahead"
+
+            owner = await read_stream(http, "/api/agent/owner-events", last_event_id=owner_cursor)
+            assert [e.event for e in owner] == ["resync_required"]
+
+            # From a cursor that survived: the new events, with their new positions, no gap.
+            resumed = await read_stream(
+                http, session_path, last_event_id=str(survived), follow="false"
+            )
+            durable = [e for e in resumed if is_durable(e)]
+            assert [e.json()["seq"] for e in durable] == reused
+            assert [e.json()["data"]["text"] for e in durable] == [f"after {n}" for n in range(5)]
+            assert all(int(e.id) > int(lost_cursor) for e in durable)
+            assert resumed[-1].event == "caught_up"
+            # The cursor it ends at resumes exactly there.
+            tail = resumed[-1].json()["cursor"]
+            assert tail == durable[-1].id
+            assert [e.event for e in await read_stream(
+                http, session_path, last_event_id=tail, follow="false"
+            )] == ["caught_up"]  # fmt: skip
+    finally:
+        server.stop()

@@ -3,14 +3,14 @@ assistants: an owner's stored agent definitions, each edit an immutable new vers
 session created from one copies and pins (`assistant_id`, `assistant_version`).
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-01
 """
 
 from alembic import op
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

@@ -222,12 +222,20 @@ _SESSION_EVENTS = [
 
 
 class MessageDelta(Envelope):
-    """Ephemeral: streamed text of the turn in progress; no `id:`, never in the transcript."""
+    """Ephemeral: streamed text of the turn in progress, never in the transcript. Its `id:` is
+    `<seq>.<chunk>` (seq: the last durable event before it on the stream, normally `afterSeq`):
+    a reconnect with it as `Last-Event-ID` gets the turn's chunks after this one, then goes
+    live. A cursor, not an event: no envelope `id`, and no durable event has it."""
 
     type: Literal["message_delta"]
     afterSeq: int = Field(
         description="The seq of the durable event this text follows: it comes after that "
         "event and before the next (a turn's text, after its tool results)."
+    )
+    chunk: int = Field(
+        ge=1,
+        description="Its number among the deltas that follow `afterSeq`: 1, 2, 3... A client "
+        "that has chunk k drops a chunk numbered k or less (a replay).",
     )
     data: MessageDeltaData
 

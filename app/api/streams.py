@@ -14,6 +14,7 @@ from app.api.deps import ServicesDep, StreamOwner
 from app.api.middleware import SERVER_CONNECTION, SERVER_SEND
 from app.api.openapi import problems
 from app.api.sessions import ANY_ERRORS, SessionId, parse_session_id
+from app.domain import position, split_position
 from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
@@ -24,6 +25,7 @@ from app.streams.frames import (
     owner_event,
     parse_cursor,
     resync_reason,
+    rewound,
     session_event,
     split_chunk,
 )
@@ -132,8 +134,8 @@ def owner_source(services: Services, owner: str) -> FeedSource:
             return await event_store.owner_head(conn, owner), False
 
     async def read(after: int, max_bytes: int) -> Page:
-        rows, _ = await services.owner_pages.get((owner, after, max_bytes))
-        return Page.of(rows, owner_event, max_bytes)
+        rows, _, after_epoch = await services.owner_pages.get((owner, after, max_bytes))
+        return Page.of(rows, owner_event, max_bytes, after_epoch)
 
     return FeedSource(owner_key(owner), head, read, closable=False)
 
@@ -145,8 +147,10 @@ def session_source(services: Services, session_id: UUID, owner: str) -> FeedSour
         return await services.session_heads.get(key)
 
     async def read(after: int, max_bytes: int) -> Page:
-        rows, gone = await services.session_pages.get((session_id, after, max_bytes))
-        return Page.of(rows, session_event, max_bytes) if rows else Page([], False, gone)
+        rows, gone, after_epoch = await services.session_pages.get((session_id, after, max_bytes))
+        if not rows:
+            return Page([], False, gone, after_epoch)
+        return Page.of(rows, session_event, max_bytes, after_epoch)
 
     return FeedSource(key, head, read, chunks=session_chunks(services.db, session_id, owner))
 
@@ -164,19 +168,25 @@ async def stream_owner_events(
     last_event_id_query: LastEventIdQuery = None,
 ) -> StreamingResponse:
     """Lifecycle events of all the caller's sessions. No cursor: live from now."""
-    cursor = parse_cursor(last_event_id or last_event_id_query)
+    sent = parse_cursor(last_event_id or last_event_id_query)
+    epoch, cursor = split_position(sent or 0)
     async with services.db.connection() as conn:
-        last_id, first_retained = await event_store.owner_feed_bounds(conn, owner)
+        bounds = await event_store.owner_feed_bounds(conn, owner, cursor)
     options = _options(services)
-    if cursor is None:
-        cursor = last_id
+    current = position(bounds.last_epoch, bounds.last)
+    if sent is None:
+        cursor, epoch = bounds.last, bounds.last_epoch
     else:
-        reason = resync_reason(cursor, last_id, first_retained, services.settings.replay_limit)
+        reason = resync_reason(
+            cursor, bounds.last, bounds.first_retained, services.settings.replay_limit
+        ) or rewound(epoch, bounds.epoch_at)
         if reason is not None:
-            return _sse(services, owner, resync_stream(reason, cursor, last_id, options))
+            return _sse(services, owner, resync_stream(reason, sent, current, options))
     source = owner_source(services, owner)
     direct = _direct_writes(services)
-    stream = event_stream("owner", services.hub, source, cursor, options, services.shutdown, direct)
+    stream = event_stream(
+        "owner", services.hub, source, cursor, options, services.shutdown, direct, epoch
+    )
     return _sse(services, owner, stream, direct)
 
 
@@ -198,16 +208,30 @@ async def stream_session_events(
     replay from seq 1."""
     sid = parse_session_id(session_id)
     raw_cursor, chunk = split_chunk(last_event_id or last_event_id_query)
-    cursor = parse_cursor(raw_cursor)
+    sent = parse_cursor(raw_cursor)
+    epoch, cursor = split_position(sent or 0)
     async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, sid)
+        last_seq = int(row["last_seq"])
+        if cursor > 0:  # a reconnect: is the event at its cursor the one it saw?
+            epoch_at, last_epoch = await event_store.session_log_epochs(conn, sid, cursor, last_seq)
     options = _options(services, follow)
-    last_seq = int(row["last_seq"])
-    if cursor is not None and cursor > last_seq:
-        return _sse(services, owner, resync_stream("cursor_ahead", cursor, last_seq, options))
+    if cursor > 0:
+        reason = "cursor_ahead" if cursor > last_seq else rewound(epoch, epoch_at)
+        if reason is not None:
+            current = position(last_epoch, last_seq)
+            return _sse(services, owner, resync_stream(reason, sent or 0, current, options))
     source = session_source(services, sid, owner)
     direct = _direct_writes(services)
     stream = event_stream(
-        "session", services.hub, source, cursor or 0, options, services.shutdown, direct, chunk
+        "session",
+        services.hub,
+        source,
+        cursor,
+        options,
+        services.shutdown,
+        direct,
+        epoch if cursor > 0 else None,
+        chunk,
     )
     return _sse(services, owner, stream, direct)

@@ -174,7 +174,7 @@ _SESSION_PAGE = statement(
     "session_page",
     _PAGE.format(
         columns="page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at,"
-        " s.owner_id, s.deleted_at IS NOT NULL AS deleted",
+        " page.epoch, s.owner_id, s.deleted_at IS NOT NULL AS deleted",
         table="session_events",
         key="session_id",
         order="seq",
@@ -196,8 +196,14 @@ async def read_session_events(
 # Pages of several logs in one statement: each wanted (key, after, max_bytes) bounded as `_PAGE`
 # bounds one. A key with nothing after its cursor still gives one row (its page's columns NULL):
 # for a session, it says whether the session was deleted.
+#
+# `after_epoch` is the epoch of the row at the cursor (NULL when there is none): a reader that
+# finds it is not the epoch of the event it last sent knows the log was rewound under it
+# (`app/streams/feed.py` LogRewound).
 _PAGES = """
-    SELECT want.key AS want_key, want.after, want.max_bytes, {columns}, page.size
+    SELECT want.key AS want_key, want.after, want.max_bytes, {columns}, page.size,
+        (SELECT at.epoch FROM {table} at WHERE at.{key} = want.key AND at.{order} = want.after)
+            AS after_epoch
     FROM unnest(%(keys)s::{key_type}[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
         AS want(key, after, max_bytes)
     {join}
@@ -213,7 +219,7 @@ _SESSION_PAGES = statement(
     "session_pages",
     _PAGES.format(
         columns="want.key AS session_id, page.seq, page.attempt, page.type, page.data,"
-        " page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted",
+        " page.created_at, page.epoch, s.owner_id, s.deleted_at IS NOT NULL AS deleted",
         key_type="uuid",
         join="JOIN sessions s ON s.id = want.key",
         table="session_events",
@@ -225,7 +231,7 @@ _OWNER_PAGES = statement(
     "owner_pages",
     _PAGES.format(
         columns="want.key AS owner_id, page.id, page.session_id, page.type, page.data,"
-        " page.created_at, false AS deleted",
+        " page.created_at, page.epoch, false AS deleted",
         key_type="text",
         join="",
         table="owner_events",
@@ -236,8 +242,9 @@ _OWNER_PAGES = statement(
 
 # A wanted page: (session id or owner id, after, max bytes).
 PageWant = tuple[Any, int, int]
-# A page's rows, and whether its log's subject is gone.
-PageRows = tuple[list[dict[str, Any]], bool]
+# A page's rows, whether its log's subject is gone, and the epoch of the row at its cursor
+# (None when there is none).
+PageRows = tuple[list[dict[str, Any]], bool, int | None]
 Pages = dict[PageWant, PageRows]
 
 
@@ -251,7 +258,7 @@ async def read_owner_pages(conn: Connection, wants: list[PageWant], limit: int) 
     """For each wanted page (distinct), its rows bounded as `read_session_events` bounds a
     session's page (an owner's log is never gone)."""
     pages = await _read_pages(conn, _OWNER_PAGES, "id", wants, limit)
-    return {want: (rows, False) for want, (rows, _) in pages.items()}
+    return {want: (rows, False, epoch) for want, (rows, _, epoch) in pages.items()}
 
 
 async def _read_pages(
@@ -263,13 +270,13 @@ async def _read_pages(
         "max_bytes": [want[2] for want in wants],
         "limit": limit,
     }
-    pages: Pages = {want: ([], True) for want in wants}
+    pages: Pages = {want: ([], True, None) for want in wants}
     for row in await (await conn.execute(query, params)).fetchall():
         want = (row["want_key"], row["after"], row["max_bytes"])
         rows = pages[want][0]
         if row[order] is not None:
             rows.append(row)
-        pages[want] = (rows, bool(row["deleted"]))
+        pages[want] = (rows, bool(row["deleted"]), row["after_epoch"])
     return pages
 
 
@@ -287,18 +294,55 @@ async def session_event_pages(
         after = int(rows[-1]["seq"])
 
 
-async def owner_feed_bounds(conn: Connection, owner_id: str) -> tuple[int, int | None]:
-    """(last committed id, oldest retained id or None): what a resuming reader checks against."""
+@dataclass(frozen=True)
+class LogBounds:
+    """What a reader resuming at event `at` of a log checks its cursor against: the last event
+    committed and its epoch, the oldest retained (owner logs), and the epoch of the event at
+    `at` (None when the log holds none: `at` 0, past the end, or removed)."""
+
+    last: int
+    last_epoch: int
+    first_retained: int | None
+    epoch_at: int | None
+
+
+async def owner_feed_bounds(conn: Connection, owner_id: str, at: int = 0) -> LogBounds:
+    """The owner's log's bounds for a reader resuming at id `at`."""
     cur = await conn.execute(
         """
-        SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %(o)s), 0) AS last_id,
-               (SELECT min(id) FROM owner_events WHERE owner_id = %(o)s) AS first_id
+        SELECT c.last_id,
+               (SELECT e.epoch FROM owner_events e WHERE e.owner_id = %(o)s AND e.id = c.last_id)
+                   AS last_epoch,
+               (SELECT min(id) FROM owner_events WHERE owner_id = %(o)s) AS first_id,
+               (SELECT e.epoch FROM owner_events e WHERE e.owner_id = %(o)s AND e.id = %(at)s)
+                   AS epoch_at
+        FROM (SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %(o)s), 0)
+              AS last_id) c
         """,
-        {"o": owner_id},
+        {"o": owner_id, "at": at},
     )
     row = await cur.fetchone()
     assert row is not None
-    return int(row["last_id"]), row["first_id"]
+    return LogBounds(int(row["last_id"]), row["last_epoch"] or 0, row["first_id"], row["epoch_at"])
+
+
+async def session_log_epochs(
+    conn: Connection, session_id: UUID, at: int, last: int
+) -> tuple[int | None, int]:
+    """(epoch of the session's event `at` or None, epoch of its event `last` or 0): whether a
+    reader resuming at `at` saw the event the log now holds there."""
+    cur = await conn.execute(
+        """
+        SELECT (SELECT epoch FROM session_events WHERE session_id = %(s)s AND seq = %(at)s)
+                   AS epoch_at,
+               (SELECT epoch FROM session_events WHERE session_id = %(s)s AND seq = %(last)s)
+                   AS last_epoch
+        """,
+        {"s": session_id, "at": at, "last": last},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row["epoch_at"], row["last_epoch"] or 0
 
 
 async def owner_head(conn: Connection, owner_id: str) -> int:

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
 from app.domain import (
+    EPOCH_SHIFT,
     REQUEUEABLE,
     TERMINAL,
     OwnerEventType,
@@ -273,6 +274,16 @@ async def replay_idempotent(
     return row
 
 
+# The owner's cursor as a position (`domain.position`): its last id, with that event's epoch.
+_OWNER_POSITION = f"""
+    SELECT coalesce((
+        SELECT (coalesce(e.epoch, 0)::bigint << {EPOCH_SHIFT}) | c.last_id FROM owner_cursors c
+        LEFT JOIN owner_events e ON e.owner_id = c.owner_id AND e.id = c.last_id
+        WHERE c.owner_id = %s
+    ), 0) AS c
+"""
+
+
 async def list_sessions(
     conn: Connection,
     owner_id: str,
@@ -288,10 +299,7 @@ async def list_sessions(
     streaming from the cursor afterwards misses nothing and repeats nothing.
     """
     await read_one_snapshot(conn)
-    cur = await conn.execute(
-        "SELECT coalesce((SELECT last_id FROM owner_cursors WHERE owner_id = %s), 0) AS c",
-        (owner_id,),
-    )
+    cur = await conn.execute(_OWNER_POSITION, (owner_id,))
     cursor_row = await cur.fetchone()
     assert cursor_row is not None
     cur = await conn.execute(
@@ -394,11 +402,17 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
 
 
 async def post_message(
-    conn: Connection, owner_id: str, session_id: UUID, text: str
+    conn: Connection,
+    owner_id: str,
+    session_id: UUID,
+    text: str,
+    *,
+    locked: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
-    one. The first message of a session created idle becomes its prompt."""
-    row = await get_session(conn, owner_id, session_id, for_update=True)
+    one. The first message of a session created idle becomes its prompt. `locked`: the
+    session's row as this transaction locked it, if the caller did (one read less)."""
+    row = locked or await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
     if not row["prompt"]:  # a prompt has at least one character: none yet
         await conn.execute(_SET_PROMPT, (text, session_id))

@@ -254,7 +254,9 @@ WHERE turn.after_seq IS NOT NULL AND NOT EXISTS (
 ORDER BY d.chunk;
 
 -- name: owner_pages
-SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, false AS deleted, page.size
+SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS owner_id, page.id, page.session_id, page.type, page.data, page.created_at, page.epoch, false AS deleted, page.size,
+    (SELECT at.epoch FROM owner_events at WHERE at.owner_id = want.key AND at.id = want.after)
+        AS after_epoch
 FROM unnest(%(keys)s::text[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
     AS want(key, after, max_bytes)
 
@@ -581,7 +583,7 @@ SELECT
  FROM sessions WHERE id = %s;
 
 -- name: session_page
-SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size FROM (
+SELECT page.session_id, page.seq, page.attempt, page.type, page.data, page.created_at, page.epoch, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size FROM (
     SELECT log.*, sum(log.size) OVER (ORDER BY log.seq) AS upto FROM session_events log
     WHERE log.session_id = %(key)s AND log.seq > %(after)s ORDER BY log.seq LIMIT %(limit)s
 ) page JOIN sessions s ON s.id = page.session_id
@@ -589,7 +591,9 @@ WHERE %(max_bytes)s::bigint IS NULL OR page.upto - page.size < %(max_bytes)s
 ORDER BY page.seq;
 
 -- name: session_pages
-SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS session_id, page.seq, page.attempt, page.type, page.data, page.created_at, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size
+SELECT want.key AS want_key, want.after, want.max_bytes, want.key AS session_id, page.seq, page.attempt, page.type, page.data, page.created_at, page.epoch, s.owner_id, s.deleted_at IS NOT NULL AS deleted, page.size,
+    (SELECT at.epoch FROM session_events at WHERE at.session_id = want.key AND at.seq = want.after)
+        AS after_epoch
 FROM unnest(%(keys)s::uuid[], %(afters)s::bigint[], %(max_bytes)s::bigint[])
     AS want(key, after, max_bytes)
 JOIN sessions s ON s.id = want.key
@@ -693,9 +697,10 @@ SELECT * FROM updated;
 -- name: set_thread_definition
 UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
                     model_settings = %s, approval_required = %s, title = %s,
-                    assistant_id = %s, assistant_version = %s,
+                    assistant_id = %s, assistant_version = %s, prompt = %s,
                     updated_at = clock_timestamp()
-WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING
+WHERE id = %s AND owner_id = %s AND deleted_at IS NULL AND status = 'idle' AND last_seq = 0
+RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,

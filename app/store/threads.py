@@ -58,14 +58,17 @@ _MERGE_METADATA = statement(
     WHERE id = %s RETURNING {SESSION_COLUMNS}
     """,
 )
+# The first run's definition, and its first message as the prompt, for a session of the owner
+# that is idle and has no event yet; it locks the row (and answers nothing for any other).
 _SET_DEFINITION = statement(
     "set_thread_definition",
     f"""
     UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
                         model_settings = %s, approval_required = %s, title = %s,
-                        assistant_id = %s, assistant_version = %s,
+                        assistant_id = %s, assistant_version = %s, prompt = %s,
                         updated_at = clock_timestamp()
-    WHERE id = %s AND status = 'idle' AND last_seq = 0 RETURNING {SESSION_COLUMNS}
+    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL AND status = 'idle' AND last_seq = 0
+    RETURNING {SESSION_COLUMNS}
     """,
 )
 # The events that open and close runs, and nothing of their data but what says so.
@@ -134,10 +137,11 @@ async def merge_metadata(
 
 
 async def set_definition(
-    conn: Connection, session_id: UUID, new: NewSession
+    conn: Connection, owner_id: str, session_id: UUID, new: NewSession, prompt: str
 ) -> dict[str, Any] | None:
-    """Give an idle session that has no event yet its agent definition: the row, or None if it
-    was not such a session."""
+    """Give the owner's idle session that has no event yet its agent definition and `prompt`
+    (its first message's text, which it would take anyway): the locked row, or None (and
+    nothing changed, nothing locked) if it is no such session."""
     cur = await conn.execute(
         _SET_DEFINITION,
         (
@@ -150,7 +154,9 @@ async def set_definition(
             new.title,
             new.assistant_id,
             new.assistant_version,
+            prompt,
             session_id,
+            owner_id,
         ),
     )
     row: dict[str, Any] | None = await cur.fetchone()

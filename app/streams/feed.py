@@ -63,15 +63,37 @@ class Page:
     events: list[Event]
     more: bool
     closed: bool | None = None
+    # The epoch of the event at the cursor read after, when the read could tell.
+    after_epoch: int | None = None
 
     @classmethod
     def of(
-        cls, rows: list[dict[str, Any]], event: Callable[[dict[str, Any]], Event], max_bytes: int
+        cls,
+        rows: list[dict[str, Any]],
+        event: Callable[[dict[str, Any]], Event],
+        max_bytes: int,
+        after_epoch: int | None = None,
     ) -> Page:
         """A page of store rows read with `max_bytes` and PAGE_ROWS (each row has its `size`)."""
         full = len(rows) >= PAGE_ROWS or sum(row["size"] for row in rows) >= max_bytes
         closed = bool(rows[-1]["deleted"]) if rows and "deleted" in rows[-1] else None
-        return cls([event(row) for row in rows], full, closed)
+        return cls([event(row) for row in rows], full, closed, after_epoch)
+
+    def check_after(self, epoch: int | None) -> None:
+        """Raise LogRewound when the event at the cursor is no longer the one of `epoch` that
+        the reader took there (None: the reader does not know, at the log's start)."""
+        if epoch is not None and self.after_epoch is not None and self.after_epoch != epoch:
+            raise LogRewound(epoch, self.after_epoch)
+
+
+class LogRewound(Exception):
+    """The log no longer holds the event a reader's cursor names: the database was promoted
+    from a standby that lacked its last commits (asynchronous replication), and their numbers
+    were given to new events. Its reader must not go on from the number: that would skip the
+    new events silently. It asks its client to resync."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        super().__init__(f"the event at the cursor is of epoch {found}, not {expected}")
 
 
 @dataclass(frozen=True)
@@ -196,6 +218,7 @@ class Follower:
     # Chunks it missed, found when a later one came (`in_order`): the stream's loop sends them
     # from the store (`Feed.fill`) before anything else.
     gap: tuple[int, int, int] | None = None
+    epoch: int | None = None  # of the last event taken (`Page.check_after`)
     # Deltas taken whose event is not taken yet: each goes out right after it.
     held: list[Ephemeral] = field(default_factory=list)
     # Frames the feed took while the stream was parked and could not write directly (more than
@@ -220,6 +243,7 @@ class Feed:
         self.write_bytes = write_bytes
         self.buffer: Tail[Event] = Tail(buffer_bytes)
         self.head = 0  # newest id this feed has read
+        self.head_epoch: int | None = None  # its epoch, once a read told
         self.closed = False  # the feed's subject is gone (a deleted session)
         self.ready = asyncio.Event()
         # Set when this process gave up reading the log (`LogReads`): the streams end.
@@ -284,6 +308,7 @@ class Feed:
                 # alone (as below, without the general path's lists).
                 newest = self.buffer.items[-1][1]
                 follower.cursor = newest.id
+                follower.epoch = newest.epoch
                 if newest.type in TURN_ENDS:
                     follower.settled = newest.id
                 return [newest.live]
@@ -301,10 +326,13 @@ class Feed:
             del follower.held[: got.deltas]
             follower.cursor, follower.settled = got.cursor, got.settled
             follower.seen, follower.gap = got.seen, got.gap
+            if got.events:
+                follower.epoch = events[got.events - 1].epoch
             return got.frames
         if not events:
             return []
         follower.cursor = events[-1].id
+        follower.epoch = events[-1].epoch
         follower.settled = settled_by(events, follower.settled)
         return [event.live for event in events]
 
@@ -428,15 +456,27 @@ class Feed:
             return None
         return self.buffer.after(cursor, self.write_bytes)[0]
 
-    async def read(self, cursor: int) -> list[Event]:
-        """The next events after `cursor`, a write's worth at most, from memory when possible."""
+    async def read(self, cursor: int, epoch: int | None = None) -> list[Event]:
+        """The next events after `cursor`, a write's worth at most, from memory when possible.
+        LogRewound when the log read no longer holds the event of `epoch` at `cursor`."""
         events = self.since(cursor)
         if events is None:
-            events = (await self._read(cursor)).events
+            page = await self._read(cursor)
+            page.check_after(epoch)
+            events = page.events
         return events
 
     async def _read(self, cursor: int) -> Page:
         return await self._reported(self.source.read(cursor, self.write_bytes))
+
+    def rewound(self) -> None:
+        """The log was rewound under this feed (LogRewound): end its streams, whose clients
+        reconnect and have their cursors checked against the log as it is now, and stop. The
+        hub starts a new feed for the streams that open later (`FeedHub.attach`)."""
+        log.warning(
+            "the log of %s was rewound (a failover lost commits): its streams end", self.source.key
+        )
+        self.give_up()
 
     async def _reported(self, read: Awaitable[T]) -> T:
         """`read` of the database, its outcome told to `reads`."""
@@ -464,14 +504,21 @@ class Feed:
                 self._wake.clear()
             except UNAVAILABLE_ERRORS:
                 await backoff.wait()
+            except LogRewound:
+                self.rewound()
+                return
 
     async def _catch_up(self) -> None:
         while True:
             page = await self._read(self.head)
+            page.check_after(self.head_epoch)
+            if self.head_epoch is None and page.after_epoch is not None:
+                self.head_epoch = page.after_epoch
             for event in page.events:
                 self.buffer.append(event.id, event, event.size)
             if page.events:
                 self.head = page.events[-1].id
+                self.head_epoch = page.events[-1].epoch
                 self._announce()
             if not page.more:
                 break
@@ -583,7 +630,7 @@ class FeedHub:
         before the caller reads any backlog. With `tick_interval`, the feed also wakes its
         streams at least that often (their keep-alive)."""
         feed = self.feeds.get(source.key)
-        if feed is None:
+        if feed is None or feed.unreadable.is_set():  # none, or one that ended (`rewound`)
             feed = Feed(
                 source,
                 buffer_bytes=self.buffer_bytes,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
-from app.domain import SessionEventType, rfc3339
+from app.domain import SessionEventType, position, rfc3339
 from app.errors import InvalidCursor
 from app.store.notify import delta_envelope, delta_head, parse_ephemeral
 
@@ -74,15 +74,17 @@ class Event:
     common case sends it as is; a backlog frame swaps the constant tail). It keeps no parsed
     copy of its data: a feed's memory is its frames."""
 
-    id: int
+    id: int  # its number in the log: the feed's cursors count these
     type: str
     live: bytes = field(repr=False)
+    epoch: int = 0  # of the log it was written in (`domain.position`)
 
     @classmethod
-    def of(cls, id_: int, type_: str, envelope: dict[str, Any]) -> Event:
+    def of(cls, id_: int, type_: str, envelope: dict[str, Any], epoch: int = 0) -> Event:
+        """`envelope["id"]` is its position (`domain.position`), the `id:` of its frame."""
         body = _json(envelope)
-        lead = _frame_head(type_, str(id_)) + _utf8(body[:-1])
-        return cls(id_, type_, lead + _PHASE_TAILS["live"])
+        lead = _frame_head(type_, envelope["id"]) + _utf8(body[:-1])
+        return cls(id_, type_, lead + _PHASE_TAILS["live"], epoch)
 
     def frame(self, phase: Phase) -> bytes:
         if phase == "live":
@@ -138,24 +140,25 @@ def event_writes(events: Iterable[Event], phase: Phase, limit: int) -> Iterator[
 
 
 def owner_event(row: dict[str, Any]) -> Event:
+    epoch = row.get("epoch", 0)
     envelope = {
-        "id": str(row["id"]),
+        "id": str(position(epoch, row["id"])),
         "type": row["type"],
         "sessionId": str(row["session_id"]),
         "ownerId": row["owner_id"],
         "ts": rfc3339(row["created_at"]),
         "data": row["data"],
     }
-    return Event.of(row["id"], row["type"], envelope)
+    return Event.of(row["id"], row["type"], envelope, epoch)
 
 
 def session_event(row: dict[str, Any]) -> Event:
-    return Event.of(row["seq"], row["type"], session_envelope(row))
+    return Event.of(row["seq"], row["type"], session_envelope(row), row.get("epoch", 0))
 
 
 def session_envelope(row: dict[str, Any], phase: Phase | None = None) -> dict[str, Any]:
     envelope: dict[str, Any] = {
-        "id": str(row["seq"]),
+        "id": str(position(row.get("epoch", 0), row["seq"])),
         "type": row["type"],
         "sessionId": str(row["session_id"]),
         "ownerId": row["owner_id"],
@@ -330,4 +333,13 @@ def resync_reason(
         return "expired"
     if replay_limit is not None and last_id - cursor > replay_limit:
         return "too_far_behind"
+    return None
+
+
+def rewound(epoch: int, epoch_at: int | None) -> ResyncReason | None:
+    """Whether a reader whose cursor names an event of `epoch` must resync because the log
+    holds an event of another epoch at that number (`epoch_at`; None: none there to compare):
+    the log was rewound past its cursor and the number given out again (migration 0009)."""
+    if epoch_at is not None and epoch_at != epoch:
+        return "cursor_ahead"
     return None

@@ -15,8 +15,9 @@ from prometheus_client import Gauge
 
 from app.backoff import Backoff
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.domain import position
 from app.errors import TooManyStreams
-from app.streams.feed import FeedHub, FeedSource, Follower
+from app.streams.feed import Feed, FeedHub, FeedSource, Follower, LogRewound
 from app.streams.frames import (
     PING,
     ResyncReason,
@@ -87,16 +88,27 @@ async def resync_stream(
 
 
 def resync_frame(reason: ResyncReason, cursor: int, current: int) -> bytes:
+    """`cursor` and `current` are positions (`domain.position`), as the client holds them."""
     return control(
         "resync_required",
         {"reason": reason, "fromEventId": str(cursor), "currentEventId": str(current)},
     )
 
 
-def _expired(cursor: int, current: int) -> bytes:
+def _expired(cursor: int, epoch: int | None, feed: Feed) -> bytes:
     """Retention removed events after `cursor` before this stream sent them: never skip them
     silently (a reader that saw id n must have seen every id <= n); ask for a resync."""
-    return resync_frame("expired", cursor, current)
+    return resync_frame("expired", position(epoch or 0, cursor), _head(feed))
+
+
+def _rewound(cursor: int, epoch: int | None, feed: Feed) -> bytes:
+    """The log lost the events up to this stream's cursor (`LogRewound`): the client's view
+    is ahead of the log, as a reconnect would find (`cursor_ahead`)."""
+    return resync_frame("cursor_ahead", position(epoch or 0, cursor), _head(feed))
+
+
+def _head(feed: Feed) -> int:
+    return position(feed.head_epoch or 0, feed.head)
 
 
 async def event_stream(
@@ -107,10 +119,12 @@ async def event_stream(
     options: StreamOptions,
     shutdown: asyncio.Event,
     direct: DirectWrites | None = None,
+    epoch: int | None = None,
     seen_chunk: int = 0,
 ) -> AsyncGenerator[bytes, None]:
-    """`cursor`: the last event the client has; `seen_chunk`: the chunks of the turn open at it
-    that it has too (a cursor `<cursor>.<seen_chunk>`, from a token delta's id)."""
+    """`cursor`: the last event the client has, of `epoch` (None at a log's start);
+    `seen_chunk`: the chunks of the turn open at it that it has too (a cursor
+    `<cursor>.<seen_chunk>`, from a token delta's id)."""
     OPEN_STREAMS.labels(kind).inc()
     try:
         yield retry(options.retry_ms)
@@ -122,25 +136,29 @@ async def event_stream(
                 yield PING
                 await wait_any(feed.ready, feed.unreadable, shutdown, timeout=3600)
             start, replayed, backoff = cursor, 0, Backoff()
+            start_position = position(epoch or 0, cursor)
             settled = 0  # the last turn end sent (`in_order`)
             while not shutdown.is_set():
                 if feed.unreadable.is_set():
                     return
                 try:
-                    events = await feed.read(cursor)
+                    events = await feed.read(cursor, epoch)
                 except UNAVAILABLE_ERRORS:
                     yield PING
                     await backoff.wait()
                     continue
+                except LogRewound:
+                    yield _rewound(cursor, epoch, feed)
+                    return
                 if not events:
                     break
                 if events[0].id != cursor + 1:
-                    yield _expired(cursor, feed.head)
+                    yield _expired(cursor, epoch, feed)
                     return
                 for chunk in event_writes(events, "backlog", feed.write_bytes):
                     yield chunk
                 replayed += len(events)
-                cursor = events[-1].id
+                cursor, epoch = events[-1].id, events[-1].epoch
                 settled = settled_by(events, settled)
             # Before the stored chunks are read: the live ones from here on may repeat them,
             # and `Feed.take` drops those (`in_order`), so none is missed in between.
@@ -162,7 +180,11 @@ async def event_stream(
                         seen = (after, seen_chunk if after <= start else 0)
             yield control(
                 "caught_up",
-                {"replayed": replayed, "fromEventId": str(start), "cursor": str(cursor)},
+                {
+                    "replayed": replayed,
+                    "fromEventId": str(start_position),
+                    "cursor": str(position(epoch or 0, cursor)),
+                },
             )
             if not options.follow:
                 return
@@ -174,6 +196,7 @@ async def event_stream(
                 settled,
                 ephemeral_seen,
                 seen,
+                epoch=epoch,
             )
             sent = True  # whether anything went out since the last wait
             while not shutdown.is_set():
@@ -192,15 +215,18 @@ async def event_stream(
                     taken = feed.take(follower)
                     if taken is None:
                         try:
-                            events = await feed.read(follower.cursor)
+                            events = await feed.read(follower.cursor, follower.epoch)
                         except UNAVAILABLE_ERRORS:
                             # The database is away: keep the connection, keep pinging, read
                             # again (until the feed gives up: `feed.unreadable`).
                             events = []
                             await asyncio.sleep(min(options.ping_interval, 1.0))
+                        except LogRewound:
+                            yield _rewound(follower.cursor, follower.epoch, feed)
+                            return
                         taken = feed.take(follower, events)
                         if taken is None:
-                            yield _expired(follower.cursor, feed.head)
+                            yield _expired(follower.cursor, follower.epoch, feed)
                             return
                     frames = taken
                     if not frames and follower.gap is not None:

@@ -254,7 +254,7 @@ function openSession(id) {
   state.stream = new EventStream({
     url: (cursor) => streamUrl(sessionPath(id, '/events'), cursor || undefined),
     types: SESSION_EVENT_TYPES,
-    cursor: () => state.conversation.lastSeq,
+    cursor: () => state.conversation.cursor,
     onFrame: sessionFrame,
     onState: (value) => { $('stream-state').textContent = value === 'live' ? '' : value; },
     onClosed: () => probe(sessionPath(id)),

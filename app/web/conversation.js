@@ -2,9 +2,10 @@
 //
 // Feed `apply` the frames of the session stream in the order they come (or a transcript's
 // events). A durable event (it has a seq) is applied once: a replay after a reconnect changes
-// nothing. Streamed text (`message_delta`, no seq) is a draft until its turn ends: the
-// `assistant_message` replaces it, and a retried (`model_retry`), interrupted or resumed turn
-// drops it, so a partial answer is replaced, never shown twice.
+// nothing, nor does a token delta's (numbered by its `chunk`). Streamed text (`message_delta`,
+// no seq) is a draft until its turn ends: the `assistant_message` replaces it, and a retried
+// (`model_retry`), interrupted or resumed turn drops it, so a partial answer is replaced, never
+// shown twice.
 //
 // `items` is the conversation in order; every item has a stable `key` and a `rev` that grows
 // each time the item changes, so a renderer redraws only what changed.
@@ -56,7 +57,14 @@ export class Conversation {
     this.events = []; // every durable event, for the raw log
     this.question = null; // the `user_question` item waiting for an answer
     this.dropSeq = 0; // seq of the last event that ended or dropped a turn
+    this.chunkSeen = [0, 0]; // [afterSeq, chunk] of the last token delta applied
     this.rev = 0;
+  }
+
+  // Where a stream resumes: after the last event, and while a turn streams, after its chunks
+  // held (`<seq>.<chunk>`, a delta's id), so that a reconnect sends only the chunks missed.
+  get cursor() {
+    return this.draft && this.chunkSeen[1] ? `${this.lastSeq}.${this.chunkSeen[1]}` : this.lastSeq;
   }
 
   // Fold in one frame (an envelope `{type, seq?, afterSeq?, data}`); whether anything changed.
@@ -96,6 +104,14 @@ export class Conversation {
     const after = Number(event.afterSeq ?? this.lastSeq);
     // Text of a turn that has ended or was dropped since (its deltas came late): stale.
     if (after < this.dropSeq) return false;
+    // A numbered chunk the draft already has: a reconnect from an event mid-turn replays the
+    // turn's stored chunks.
+    const chunk = Number(event.chunk ?? 0);
+    if (chunk) {
+      const [seenAfter, seenChunk] = this.chunkSeen;
+      if (after < seenAfter || (after === seenAfter && chunk <= seenChunk)) return false;
+      this.chunkSeen = [after, chunk];
+    }
     const text = String(event.data?.text ?? '');
     if (!this.draft) this.draft = {key: `draft-${after}-${this.dropSeq}`, text: '', afterSeq: after, rev: 0};
     this.draft.text += text;

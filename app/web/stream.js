@@ -1,8 +1,9 @@
 // One SSE stream that stays open. EventSource reconnects by itself after a network error or a
 // stream the server ended (a restart), sending Last-Event-ID; an HTTP error answer closes it for
 // good, so then `onClosed` decides (ask for a key, give up) or this reopens it after a backoff
-// from `cursor()`, the last durable event the page applied. Nothing is missed or repeated: the
-// server resumes after that id and the folds ignore what they already hold.
+// from `cursor()`, where the page's fold is (an event's seq, or `<seq>.<chunk>` mid-turn; ids
+// are strings, never parsed here). Nothing is missed or repeated: the server resumes after that
+// id (a token delta's id too) and the folds ignore what they already hold.
 
 export class EventStream {
   // url(cursor) -> the stream's URL; types: the event names to listen to;

@@ -58,8 +58,11 @@ class CheckpointRef(Body):
 
 
 class History(Body):
+    """The SDKs' history body; `metadata` and `checkpoint` are taken and not acted on."""
+
     limit: int = Field(default=10, ge=1, le=MAX_HISTORY)
-    before: CheckpointRef | dict[str, Any] | str | None = None
+    # A checkpoint ({checkpoint_id}, or a config {configurable: {checkpoint_id}}), or its id.
+    before: dict[str, Any] | str | None = None
     metadata: dict[str, Any] | None = None
     checkpoint: CheckpointRef | None = None
 

@@ -87,6 +87,12 @@ async def load_fold(
     return state
 
 
+async def owned_thread(services: Services, owner: str, thread_id: str) -> dict[str, Any]:
+    """The caller's thread (SessionNotFound for anyone else's)."""
+    async with services.db.connection() as conn:
+        return await session_store.get_session(conn, owner, parse_thread_id(thread_id))
+
+
 async def thread_and_fold(
     services: Services, owner: str, thread_id: str
 ) -> tuple[dict[str, Any], fold.ThreadFold]:
@@ -347,8 +353,13 @@ async def start_run(
                     await session_store.request_cancel(conn, owner, thread_id)
         if row["status"] in BUSY:
             await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
+    first_text = texts[0] if texts else "resume"
+    named = replace(definition, title=default_title(first_text))
     async with services.db.transaction() as conn:
-        row = await session_store.get_session(conn, owner, thread_id, for_update=True)
+        # A thread's first run gives it its definition, which also locks its row; any other
+        # run locks the row as it is.
+        fresh = await thread_store.set_definition(conn, owner, thread_id, named, first_text)
+        row = fresh or await session_store.get_session(conn, owner, thread_id, for_update=True)
         # No run open: what is written now opens one (`fold.runs_of`).
         opens = row["status"] not in BUSY
         if not opens and strategy == "reject":
@@ -356,14 +367,12 @@ async def start_run(
                 "the thread has a run in progress (multitask_strategy reject)",
                 threadStatus="busy",
             )
-        if row["status"] == "idle" and int(row["last_seq"]) == 0:
-            named = replace(definition, title=default_title(texts[0] if texts else "resume"))
-            row = await thread_store.set_definition(conn, thread_id, named) or row
         first: int | None = None
         if resume is not None:
             first = await _answer(conn, owner, row, resume)
         for text in texts:
-            event, _ = await session_store.post_message(conn, owner, thread_id, text)
+            locked = row if first is None else None  # the row changes with each message
+            event, _ = await session_store.post_message(conn, owner, thread_id, text, locked=locked)
             first = first or int(event["seq"])
         assert first is not None
         if opens:

@@ -21,7 +21,7 @@ from app.protocols.agent_protocol import fold
 from app.services import Services
 from app.streams.feed import Follower, StoredChunks
 from app.streams.frames import PING, Ephemeral, Event, retry, sse_frame
-from app.streams.sse import wait_any
+from app.streams.sse import DirectWrites, wait_any
 
 
 def _json(value: Any) -> str:
@@ -158,8 +158,10 @@ class RunStream:
 
 
 async def run_events(
-    services: Services, row: dict[str, Any], stream: RunStream
+    services: Services, row: dict[str, Any], stream: RunStream, direct: DirectWrites | None = None
 ) -> AsyncGenerator[bytes, None]:
+    """The run's frames; with `direct` (FERRYMAN_STREAM_SHORTCUTS), written straight to the
+    connection while it takes them, through the response's `send` otherwise."""
     settings = services.settings
     shutdown = services.shutdown
     yield retry(settings.sse_retry_ms)
@@ -201,7 +203,9 @@ async def run_events(
                 await asyncio.sleep(min(settings.ping_interval, 1.0))
                 continue
             if frames:
-                yield b"".join(frames)
+                chunk = b"".join(frames)
+                if direct is None or direct.write is None or not direct.write(chunk):
+                    yield chunk
                 sent = True
             if stream.ended:
                 return

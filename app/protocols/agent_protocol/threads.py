@@ -140,7 +140,7 @@ async def post_state_at(
 
 @router.post("/threads/{thread_id}/state")
 async def update_state(thread_id: str, owner: ProtocolOwner, services: ServicesDep) -> None:
-    await service.thread_and_fold(services, owner, thread_id)  # 404 first for a foreign one
+    await service.owned_thread(services, owner, thread_id)  # 404 first for a foreign one
     raise NotServed(
         "threads.update_state: Ferryman's state is its append-only log; send a message (a run)"
         " instead"
@@ -155,10 +155,10 @@ async def get_history(
     row, state = await service.thread_and_fold(services, owner, thread_id)
     before = body.before
     if isinstance(before, dict):
-        before = (before.get("configurable") or before).get("checkpoint_id")
-    elif before is not None and not isinstance(before, str):
-        before = before.checkpoint_id
-    return service.history(row, state, body.limit, before)
+        before = before.get("checkpoint_id") or (before.get("configurable") or {}).get(
+            "checkpoint_id"
+        )
+    return service.history(row, state, body.limit, before if isinstance(before, str) else None)
 
 
 @router.get("/threads/{thread_id}/history")
@@ -175,5 +175,5 @@ async def get_history_query(
 
 @router.post("/threads/{thread_id}/copy")
 async def copy_thread(thread_id: str, owner: ProtocolOwner, services: ServicesDep) -> None:
-    await service.thread_and_fold(services, owner, thread_id)
+    await service.owned_thread(services, owner, thread_id)
     raise NotServed("threads.copy: fork the session instead (POST /api/agent/{id}/fork)")

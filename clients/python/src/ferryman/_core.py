@@ -393,10 +393,15 @@ class Stream:
             raise httpx.RemoteProtocolError(f"a frame that is not JSON: {exc}") from exc
         if not isinstance(envelope, dict):
             raise httpx.RemoteProtocolError("a frame that is not a JSON object")
-        # Durable iff the frame has an `id:` naming its own envelope: like EventSource,
-        # httpx-sse repeats the last id on control frames.
-        durable = bool(sse.id) and envelope.get("id") == sse.id
-        event = StreamEvent.of(sse.event, sse.id if durable else None, envelope)
+        # Its own `id:` when it names the frame's envelope (a durable event) or its chunk (a
+        # token delta's `<seq>.<chunk>`): like EventSource, httpx-sse repeats the last id on
+        # control frames.
+        chunk = envelope.get("chunk")
+        own = bool(sse.id) and (
+            envelope.get("id") == sse.id
+            or (isinstance(chunk, int) and sse.id.endswith(f".{chunk}"))
+        )
+        event = StreamEvent.of(sse.event, sse.id if own else None, envelope)
         if event.id is not None:
             self.cursor = event.id
         if event.type == "resync_required":
@@ -449,7 +454,7 @@ class ClientBase:
     def _backoff(self) -> Backoff:
         return Backoff(self.settings.reconnect_delay, self.settings.max_reconnect_delay)
 
-    def _session_stream(self, session_id: str, after: int | None, follow: bool) -> Stream:
+    def _session_stream(self, session_id: str, after: int | str | None, follow: bool) -> Stream:
         return Stream(
             f"{_session_path(session_id)}/events",
             str(after) if after is not None else None,

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class StreamEvent:
     """One frame of a stream. Durable events have an `id` (the session's seq, or the owner
-    cursor); control (`caught_up`, `resync_required`) and ephemeral (`message_delta`) frames
-    have none and never move a cursor."""
+    cursor); a token delta (`message_delta`) has `<seq>.<chunk>`, a place to resume from (the
+    chunks of the turn after this one) rather than an event; control frames (`caught_up`,
+    `resync_required`) have none and never move a cursor."""
 
     type: str
     id: str | None
@@ -30,7 +31,13 @@ class StreamEvent:
 
     @property
     def durable(self) -> bool:
-        return self.id is not None
+        return self.id is not None and self.chunk is None
+
+    @property
+    def chunk(self) -> int | None:
+        """A token delta's number among those that follow its `afterSeq` (1, 2, 3...)."""
+        chunk = self.envelope.get("chunk")
+        return chunk if isinstance(chunk, int) and self.type == "message_delta" else None
 
     @property
     def seq(self) -> int | None:

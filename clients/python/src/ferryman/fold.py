@@ -4,7 +4,9 @@ frames of `session_events` (or a transcript's events) in seq order.
 A durable event is applied once: one whose seq the fold has passed is ignored, so a stream
 that replays after a reconnect, or a transcript read over a stream, changes nothing. Streamed
 text (`message_delta`, which has no seq) is a draft until its turn ends: the final
-`assistant_message` replaces it, and a retried (`model_retry`) or interrupted turn drops it."""
+`assistant_message` replaces it, and a retried (`model_retry`) or interrupted turn drops it. A
+numbered delta (`chunk`) is applied once too, so a reconnect from an event mid-turn, which
+replays the turn's stored chunks, repeats no text."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ class SessionFold:
         self.question: dict[str, Any] | None = None  # a pending `user_question`
         self.last_seq = 0
         self.draft: str | None = None
+        self._chunk: tuple[int, int] = (0, 0)  # (afterSeq, chunk) of the last delta applied
         self._messages: list[Message] = []
         self._calls: dict[str, ToolCall] = {}
 
@@ -111,6 +114,11 @@ class SessionFold:
         if seq is None:
             if event.type != "message_delta":
                 return False
+            chunk = _chunk(event)
+            if chunk is not None:
+                if chunk <= self._chunk:
+                    return False  # replayed: a reconnect from an event resends the turn's
+                self._chunk = chunk
             self.draft = (self.draft or "") + str(event.data.get("text", ""))
             return True
         if seq <= self.last_seq:
@@ -235,6 +243,15 @@ _HANDLERS: dict[str, _Handler] = {
 
 def _seq(event: StreamEvent | Event) -> int | None:
     """The seq of a durable session event; None for ephemeral and control frames."""
-    if isinstance(event, StreamEvent) and event.id is None:
+    if isinstance(event, StreamEvent) and not event.durable:
         return None
     return event.seq
+
+
+def _chunk(event: StreamEvent | Event) -> tuple[int, int] | None:
+    """(afterSeq, chunk) of a numbered token delta, which orders a session's deltas."""
+    envelope = event.envelope if isinstance(event, StreamEvent) else event.model_extra or {}
+    after, chunk = envelope.get("afterSeq"), envelope.get("chunk")
+    if isinstance(after, int) and isinstance(chunk, int):
+        return after, chunk
+    return None

@@ -276,9 +276,10 @@ class Ferryman(ClientBase):
     # --- streams -----------------------------------------------------------------------------
 
     def session_events(
-        self, session_id: str, *, after: int | None = None, follow: bool = True
+        self, session_id: str, *, after: int | str | None = None, follow: bool = True
     ) -> Iterator[StreamEvent]:
-        """The session's log after seq `after` (None: from seq 1), then live. Ends when a
+        """The session's log after seq `after` (None: from seq 1; a token delta's id
+        `<seq>.<chunk>`: after that chunk of the turn streaming then), then live. Ends when a
         `follow=False` stream has caught up, when the session is deleted, or after a
         `resync_required` (the cursor is ahead of the log)."""
         return self._events(self._session_stream(session_id, after, follow))
@@ -682,7 +683,7 @@ class AsyncFerryman(ClientBase):
     # --- streams -----------------------------------------------------------------------------
 
     def session_events(
-        self, session_id: str, *, after: int | None = None, follow: bool = True
+        self, session_id: str, *, after: int | str | None = None, follow: bool = True
     ) -> AsyncIterator[StreamEvent]:
         """See `Ferryman.session_events`."""
         return self._events(self._session_stream(session_id, after, follow))

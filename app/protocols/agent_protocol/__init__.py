@@ -11,7 +11,9 @@ from app.protocols.agent_protocol.service import PREFIX
 
 router = APIRouter(prefix=PREFIX)
 router.include_router(unserved.router)  # first: /threads/prune is not a thread id
-router.include_router(threads.router)
+# Runs before threads: a run's requests, the most frequent, are matched after fewer routes
+# (no path of one router matches a path of the other).
 router.include_router(runs.router)
+router.include_router(threads.router)
 router.include_router(assistants.router)
 router.include_router(assistants.not_served)  # last: what no route above serves

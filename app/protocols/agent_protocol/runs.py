@@ -20,6 +20,7 @@ from app.protocols.agent_protocol.schemas import RunCreate
 from app.protocols.agent_protocol.stream import RunStream, run_events
 from app.services import Services
 from app.store import sessions as session_store
+from app.streams.sse import DirectWrites
 
 router = APIRouter(tags=["agent-protocol"])
 
@@ -71,7 +72,8 @@ def _stream(
 ) -> StreamingResponse:
     events = fold.wanted_events(modes) if modes else fold.ALL_EVENTS
     stream = RunStream(row, run, fold.parse_event_id(last_event_id), events)
-    body = run_events(services, row, stream)
+    direct = DirectWrites() if services.hub.shortcuts else None
+    body = run_events(services, row, stream, direct)
 
     def release() -> None:
         services.slots.give_back(owner)
@@ -82,7 +84,7 @@ def _stream(
             task.add_done_callback(_CANCELS.discard)
 
     services.slots.take(owner)  # last: nothing after this can fail and strand the slot
-    response = EventStreamResponse(body, release)
+    response = EventStreamResponse(body, release, direct)
     path = _run_path(request, str(row["id"]), run.id)
     query = urlencode([("stream_mode", m) for m in modes or []])
     response.headers["Location"] = f"{path}/stream" + (f"?{query}" if query else "")

@@ -21,7 +21,7 @@ from app.protocols.agent_protocol import fold
 from app.services import Services
 from app.streams.feed import Follower, StoredChunks
 from app.streams.frames import PING, Ephemeral, Event, retry, sse_frame
-from app.streams.sse import wait_any
+from app.streams.sse import DirectWrites, wait_any
 
 
 def _json(value: Any) -> str:
@@ -168,8 +168,10 @@ class RunStream:
 
 
 async def run_events(
-    services: Services, row: dict[str, Any], stream: RunStream
+    services: Services, row: dict[str, Any], stream: RunStream, direct: DirectWrites | None = None
 ) -> AsyncGenerator[bytes, None]:
+    """The run's frames; with `direct` (FERRYMAN_STREAM_SHORTCUTS), written straight to the
+    connection while it takes them, through the response's `send` otherwise."""
     settings = services.settings
     shutdown = services.shutdown
     yield retry(settings.sse_retry_ms)
@@ -183,11 +185,39 @@ async def run_events(
             yield PING
             await wait_any(feed.ready, feed.unreadable, shutdown, timeout=3600)
         seen = feed.ephemeral_count
-        follower = Follower(None, 0, 0, seen)
+        sent = True  # whether anything went out since the last wait
+        pushed: list[bytes] = []  # frames folded while parked that no direct write took
+        failed: list[Exception] = []
+
+        def push(chunk: bytes) -> bool:
+            """While parked, the feed's direct write (`Feed.park`): its newest event alone,
+            the common case, folded here and written straight to the connection, no task
+            woken. False wakes the loop, which does everything else (deltas, several events,
+            a run's end, a connection that takes no more)."""
+            nonlocal sent
+            write = direct.write if direct is not None else None
+            items = feed.buffer.items
+            if write is None or pushed or failed or stream.deltas or not items:
+                return False
+            newest = items[-1][1]
+            if chunk is not newest.live or newest.id != stream.cursor + 1:
+                return False
+            try:
+                frames = stream.durable(newest)
+            except Exception as exc:  # raised again by the loop, in the stream's own task
+                failed.append(exc)
+                return False
+            if frames:
+                sent = True
+                if not write(b"".join(frames)):
+                    pushed.extend(frames)
+                    return False
+            return not stream.ended
+
+        follower = Follower(push if direct is not None else None, 0, 0, seen)
         with contextlib.suppress(*UNAVAILABLE_ERRORS):  # best effort, as the stored chunks are
             await stream.seen_before(source.chunks)
         caught_up = False
-        sent = True
         while not shutdown.is_set() and not feed.unreadable.is_set():
             generation = feed.generation
             try:
@@ -211,7 +241,9 @@ async def run_events(
                 await asyncio.sleep(min(settings.ping_interval, 1.0))
                 continue
             if frames:
-                yield b"".join(frames)
+                chunk = b"".join(frames)
+                if direct is None or direct.write is None or not direct.write(chunk):
+                    yield chunk
                 sent = True
             if stream.ended:
                 return
@@ -224,3 +256,13 @@ async def run_events(
             sent = False
             follower.cursor, follower.ephemeral_seen = stream.cursor, seen
             await feed.park(follower, generation)
+            follower.unsent = []  # the feed's own frames, when `push` declined them
+            if failed:
+                raise failed[0]
+            if pushed:
+                chunk = b"".join(pushed)
+                pushed.clear()
+                yield chunk
+                sent = True
+            if stream.ended:
+                return

@@ -122,13 +122,14 @@ async def test_pages_of_several_sessions_read_as_one_session_at_a_time() -> None
         async with db.connection() as conn:
             pages = await read_session_pages(conn, wants, limit=3)
             for session_id, after, max_bytes in wants[:2]:
-                rows, deleted = pages[(session_id, after, max_bytes)]
+                rows, deleted, after_epoch = pages[(session_id, after, max_bytes)]
                 alone = await read_session_events(conn, session_id, after, 3, max_bytes)
                 assert rows and [r["seq"] for r in rows] == [r["seq"] for r in alone]
                 assert set(alone[0]) <= set(rows[0]) and not deleted
-        assert pages[wants[2]] == ([], False)  # nothing new, still there
+                assert after_epoch == 0  # the epoch of the event at the cursor
+        assert pages[wants[2]] == ([], False, 0)  # nothing new, still there
         assert pages[wants[3]][1] is True  # deleted
-        assert pages[wants[4]] == ([], True)  # no such session
+        assert pages[wants[4]] == ([], True, None)  # no such session
 
 
 async def test_a_get_as_a_drain_ends_is_still_answered() -> None:

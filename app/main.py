@@ -90,13 +90,14 @@ def create_app(
     )
     problems.install(app)
     openapi.install(app)
+    # Its own contract (the LangGraph SDKs'), not the native API's: docs/langgraph.md. First,
+    # as its router rules out any path outside its prefix at once (PrefixRouter).
+    app.include_router(agent_protocol.router, include_in_schema=False)
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)
     app.include_router(tools.router)
     app.include_router(assistants.router)
     app.include_router(ops.router)
-    # Its own contract (the LangGraph SDKs'), not the native API's: docs/langgraph.md.
-    app.include_router(agent_protocol.router, include_in_schema=False)
 
     web.install(app)
 

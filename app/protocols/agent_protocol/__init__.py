@@ -5,11 +5,27 @@ threads are sessions, runs spans of their log, checkpoints positions in it."""
 from __future__ import annotations
 
 from fastapi import APIRouter
+from starlette._utils import get_route_path
+from starlette.routing import Match
+from starlette.types import Scope
 
 from app.protocols.agent_protocol import assistants, runs, threads, unserved
 from app.protocols.agent_protocol.service import PREFIX
 
-router = APIRouter(prefix=PREFIX)
+
+class PrefixRouter(APIRouter):
+    """A router that answers no match at once for a path outside its prefix, rather than
+    after trying each of its routes: the app tries it first (app/main.py), and neither the
+    native API's requests nor the protocol's are tried against the other's routes."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = get_route_path(scope)
+        if path != self.prefix and not path.startswith(self.prefix + "/"):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+router = PrefixRouter(prefix=PREFIX)
 router.include_router(unserved.router)  # first: /threads/prune is not a thread id
 # Runs before threads: a run's requests, the most frequent, are matched after fewer routes
 # (no path of one router matches a path of the other).

@@ -214,7 +214,6 @@ async def run_events(
                     return False
             return not stream.ended
 
-        follower = Follower(push if direct is not None else None, 0, 0, seen)
         with contextlib.suppress(*UNAVAILABLE_ERRORS):  # best effort, as the stored chunks are
             await stream.seen_before(source.chunks)
         caught_up = False
@@ -254,9 +253,10 @@ async def run_events(
             if not sent:
                 yield PING  # woken by the keep-alive tick with nothing to send
             sent = False
-            follower.cursor, follower.ephemeral_seen = stream.cursor, seen
+            # A new place each time: what the feed's `take` kept in the last one (held deltas,
+            # its own frames when `push` declined them) is this loop's to do, from its cursor.
+            follower = Follower(push if direct is not None else None, stream.cursor, 0, seen)
             await feed.park(follower, generation)
-            follower.unsent = []  # the feed's own frames, when `push` declined them
             if failed:
                 raise failed[0]
             if pushed:

@@ -22,6 +22,7 @@ from app.store.notify import owner_key, session_key
 from app.streams.chunks import session_chunks
 from app.streams.feed import FeedSource, Page
 from app.streams.frames import (
+    ResyncReason,
     owner_event,
     parse_cursor,
     resync_reason,
@@ -213,14 +214,14 @@ async def stream_session_events(
     async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, sid)
         last_seq = int(row["last_seq"])
+        reason: ResyncReason | None = None
         if cursor > 0:  # a reconnect: is the event at its cursor the one it saw?
             epoch_at, last_epoch = await event_store.session_log_epochs(conn, sid, cursor, last_seq)
+            reason = "cursor_ahead" if cursor > last_seq else rewound(epoch, epoch_at)
     options = _options(services, follow)
-    if cursor > 0:
-        reason = "cursor_ahead" if cursor > last_seq else rewound(epoch, epoch_at)
-        if reason is not None:
-            current = position(last_epoch, last_seq)
-            return _sse(services, owner, resync_stream(reason, sent or 0, current, options))
+    if reason is not None:
+        current = position(last_epoch, last_seq)
+        return _sse(services, owner, resync_stream(reason, sent or 0, current, options))
     source = session_source(services, sid, owner)
     direct = _direct_writes(services)
     stream = event_stream(

@@ -36,6 +36,7 @@ from app.streams.frames import (
     Seen,
     ephemeral_frame,
     in_order,
+    rewound,
     settled_by,
 )
 from app.streams.shortcuts import DirectWrite, malloc_trim
@@ -82,8 +83,8 @@ class Page:
     def check_after(self, epoch: int | None) -> None:
         """Raise LogRewound when the event at the cursor is no longer the one of `epoch` that
         the reader took there (None: the reader does not know, at the log's start)."""
-        if epoch is not None and self.after_epoch is not None and self.after_epoch != epoch:
-            raise LogRewound(epoch, self.after_epoch)
+        if epoch is not None and rewound(epoch, self.after_epoch):
+            raise LogRewound(epoch, self.after_epoch or 0)
 
 
 class LogRewound(Exception):

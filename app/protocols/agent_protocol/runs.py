@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID, uuid4
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import ProtocolOwner, ServicesDep
@@ -28,7 +28,7 @@ router = APIRouter(tags=["agent-protocol"])
 _CANCELS: set[asyncio.Task[None]] = set()
 
 
-def _run_path(request: Request, thread_id: str, run_id: str) -> str:
+def _run_path(thread_id: str, run_id: str) -> str:
     """The run's path below the protocol's root, as LangGraph's own servers send it: the JS
     SDK appends a Location to its apiUrl as it is (`${apiUrl}${path}`: an absolute URL or a
     path with the prefix points nowhere), and the Python SDK resolves it against its base URL,
@@ -56,14 +56,13 @@ async def _stateless_thread(services: Services, owner: str) -> UUID:
     return sid
 
 
-def _located(response: Response, request: Request, row: dict[str, Any], run: fold.Run) -> None:
-    response.headers["Content-Location"] = _run_path(request, str(row["id"]), run.id)
+def _located(response: Response, row: dict[str, Any], run: fold.Run) -> None:
+    response.headers["Content-Location"] = _run_path(str(row["id"]), run.id)
 
 
 def _stream(
     services: Services,
     owner: str,
-    request: Request,
     row: dict[str, Any],
     run: fold.Run,
     modes: list[str] | None,
@@ -85,7 +84,7 @@ def _stream(
 
     services.slots.take(owner)  # last: nothing after this can fail and strand the slot
     response = EventStreamResponse(body, release, direct)
-    path = _run_path(request, str(row["id"]), run.id)
+    path = _run_path(str(row["id"]), run.id)
     query = urlencode([("stream_mode", m) for m in modes or []])
     response.headers["Location"] = f"{path}/stream" + (f"?{query}" if query else "")
     response.headers["Content-Location"] = path
@@ -107,23 +106,22 @@ async def create_run(
     body: RunCreate,
     owner: ProtocolOwner,
     services: ServicesDep,
-    request: Request,
     response: Response,
 ) -> dict[str, Any]:
     sid = await _thread_for_run(services, owner, thread_id, body)
     row, run = await service.start_run(services, owner, sid, body)
-    _located(response, request, row, run)
+    _located(response, row, run)
     return service.run_view(row, run, body.assistant_id)
 
 
 @router.post("/threads/{thread_id}/runs/stream", response_class=StreamingResponse)
 async def create_run_stream(
-    thread_id: str, body: RunCreate, owner: ProtocolOwner, services: ServicesDep, request: Request
+    thread_id: str, body: RunCreate, owner: ProtocolOwner, services: ServicesDep
 ) -> StreamingResponse:
     sid = await _thread_for_run(services, owner, thread_id, body)
     row, run = await service.start_run(services, owner, sid, body)
     cancel = body.on_disconnect == "cancel"
-    return _stream(services, owner, request, row, run, body.modes(), None, cancel)
+    return _stream(services, owner, row, run, body.modes(), None, cancel)
 
 
 @router.post("/threads/{thread_id}/runs/wait")
@@ -132,12 +130,11 @@ async def create_run_wait(
     body: RunCreate,
     owner: ProtocolOwner,
     services: ServicesDep,
-    request: Request,
     response: Response,
 ) -> Any:
     sid = await _thread_for_run(services, owner, thread_id, body)
     row, run = await service.start_run(services, owner, sid, body)
-    _located(response, request, row, run)
+    _located(response, row, run)
     return await _final_values(services, owner, sid, run)
 
 
@@ -209,7 +206,6 @@ async def join_run_stream(
     run_id: str,
     owner: ProtocolOwner,
     services: ServicesDep,
-    request: Request,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=100)] = None,
     stream_mode: Annotated[list[str] | None, Query(max_length=20)] = None,
     cancel_on_disconnect: Annotated[bool, Query()] = False,
@@ -217,9 +213,7 @@ async def join_run_stream(
     """The run's events after `Last-Event-ID` (from its start without one), then `end`."""
     row, run = await service.find_run(services, owner, thread_id, run_id)
     modes = [m for m in stream_mode or [] if m]
-    return _stream(
-        services, owner, request, row, run, modes or None, last_event_id, cancel_on_disconnect
-    )
+    return _stream(services, owner, row, run, modes or None, last_event_id, cancel_on_disconnect)
 
 
 # --- without a thread ------------------------------------------------------------------------
@@ -230,19 +224,18 @@ async def create_stateless_run(
     body: RunCreate,
     owner: ProtocolOwner,
     services: ServicesDep,
-    request: Request,
     response: Response,
 ) -> dict[str, Any]:
     sid = await _stateless_thread(services, owner)
-    return await create_run(str(sid), body, owner, services, request, response)
+    return await create_run(str(sid), body, owner, services, response)
 
 
 @router.post("/runs/stream", response_class=StreamingResponse)
 async def create_stateless_run_stream(
-    body: RunCreate, owner: ProtocolOwner, services: ServicesDep, request: Request
+    body: RunCreate, owner: ProtocolOwner, services: ServicesDep
 ) -> StreamingResponse:
     sid = await _stateless_thread(services, owner)
-    return await create_run_stream(str(sid), body, owner, services, request)
+    return await create_run_stream(str(sid), body, owner, services)
 
 
 @router.post("/runs/wait")
@@ -250,8 +243,7 @@ async def create_stateless_run_wait(
     body: RunCreate,
     owner: ProtocolOwner,
     services: ServicesDep,
-    request: Request,
     response: Response,
 ) -> Any:
     sid = await _stateless_thread(services, owner)
-    return await create_run_wait(str(sid), body, owner, services, request, response)
+    return await create_run_wait(str(sid), body, owner, services, response)

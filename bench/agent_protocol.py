@@ -16,6 +16,11 @@ tool writing to Aegra's PostgreSQL store).
 
 - `native`: the Ferryman SDK (`AsyncFerryman`): create a session, follow its event stream until
   `session_end`.
+- The agent definition (`--definition`): by default both Ferryman surfaces run one stored
+  assistant (the native create names it by `assistantId`, the protocol run by `assistant_id`),
+  so they do the same work from the same definition; `inline` sends it in every request
+  instead (the native create body; the protocol's graph id and the run's `context`). The
+  scripted model's script travels in every request either way.
 - `protocol` and `aegra`: the official `langgraph-sdk` async client, the same code for both
   servers: `threads.create()`, then `runs.stream(thread, assistant, input={"messages": ...},
   stream_mode=--stream-mode)` until the stream ends.
@@ -96,7 +101,9 @@ SCRIPT: list[dict[str, Any]] = [
 TOOLS = ["put_note"]
 FERRYMAN_GRAPH = "ferryman"  # the graph id of Ferryman's agent loop on its protocol surface
 ASSISTANT_CONTEXT: dict[str, Any] = {"model": "scripted", "tools": TOOLS}
-RUN_CONTEXT: dict[str, Any] = {**ASSISTANT_CONTEXT, "script": SCRIPT}
+# A stored assistant has no script (it stands for the model's output): every run carries it.
+SCRIPT_CONTEXT: dict[str, Any] = {"script": SCRIPT}
+RUN_CONTEXT: dict[str, Any] = {**ASSISTANT_CONTEXT, **SCRIPT_CONTEXT}
 # `pip install py-spy` puts it beside this venv's python, which need not be on PATH.
 PY_SPY = next(
     (str(p) for p in (Path(sys.executable).parent / "py-spy",) if p.exists()),
@@ -134,15 +141,21 @@ class NativeDriver:
 
     label = "Ferryman /api/agent"
 
-    def __init__(self, base_url: str, key: str) -> None:
+    def __init__(self, base_url: str, key: str, assistant_id: str | None) -> None:
         from ferryman.sdk import AsyncFerryman
 
         self.client = AsyncFerryman(base_url, api_key=key, timeout=RUN_TIMEOUT)
+        self.assistant_id = assistant_id
 
     async def run(self, record: RunRecord, started: float) -> None:
-        session = await self.client.create_session(
-            PROMPT, model="scripted", script=SCRIPT, tools=TOOLS
-        )
+        if self.assistant_id is not None:
+            session = await self.client.create_session(
+                PROMPT, assistant_id=self.assistant_id, script=SCRIPT
+            )
+        else:
+            session = await self.client.create_session(
+                PROMPT, model="scripted", script=SCRIPT, tools=TOOLS
+            )
         async for event in self.client.session_events(session.id):
             now = time.perf_counter() - started
             if math.isnan(record.first_event):
@@ -652,28 +665,19 @@ SUBCOMMANDS = {
 }
 
 
-class AssistantMaker(Protocol):
-    def __call__(self, url: str, key: str) -> str: ...
-
-
-def ferryman_assistant(url: str, key: str) -> tuple[str, str]:
-    """The assistant the protocol runs use on Ferryman, and how it was found: a stored one
-    with the scripted definition when the surface stores assistants, else the graph id, with
-    the definition in each run's context. The script itself always travels in the run's
-    context (a stored assistant has no script: it stands for the model's output)."""
+def ferryman_assistant(url: str, key: str) -> str:
+    """A stored assistant with the work's definition but its script (which each run carries:
+    it stands for the model's output), made through the protocol surface."""
     from langgraph_sdk import get_sync_client
-    from langgraph_sdk.errors import APIStatusError
 
     client = get_sync_client(url=url, api_key=key)
     try:
         assistant = client.assistants.create(
             graph_id=FERRYMAN_GRAPH, name="protobench", context=ASSISTANT_CONTEXT
         )
-    except APIStatusError as exc:
-        return FERRYMAN_GRAPH, f"graph id {FERRYMAN_GRAPH!r} (assistants.create: {exc})"[:200]
     finally:
         client.http.client.close()
-    return str(assistant["assistant_id"]), "a stored assistant"
+    return str(assistant["assistant_id"])
 
 
 def protocol_served(url: str, key: str) -> str | None:
@@ -702,16 +706,27 @@ def drivers(
                 ferryman_server(args.database_url, args.in_flight, logs, Path(args.ferryman_repo))
             )
             print(f"ferryman serve: pid {ferryman.pid}, {ferryman.base_url}, log {ferryman.log}")
+            url = ferryman.base_url + args.prefix
+            missing = protocol_served(url, key)
+            stored = args.definition == "assistant" and missing is None
+            assistant = ferryman_assistant(url, key) if stored else None
+            print(
+                f"definition: the stored assistant {assistant} on both surfaces"
+                if assistant
+                else "definition: in each request (native: the create body; protocol: the"
+                f" graph id {FERRYMAN_GRAPH!r} and the run's context)"
+            )
             if "native" in systems:
-                made["native"] = (NativeDriver(ferryman.base_url, key), ferryman)
+                made["native"] = (NativeDriver(ferryman.base_url, key, assistant), ferryman)
             if "protocol" in systems:
-                url = ferryman.base_url + args.prefix
-                missing = protocol_served(url, key)
                 if missing is None:
-                    assistant, how = ferryman_assistant(url, key)
-                    print(f"protocol runs use {how}")
                     driver = ProtocolDriver(
-                        LABELS["protocol"], url, key, assistant, modes, RUN_CONTEXT
+                        LABELS["protocol"],
+                        url,
+                        key,
+                        assistant or FERRYMAN_GRAPH,
+                        modes,
+                        SCRIPT_CONTEXT if assistant else RUN_CONTEXT,
                     )
                     made["protocol"] = (driver, ferryman)
                 else:
@@ -847,6 +862,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             help="the protocol runs' stream modes (what useStream asks for)",
         )
         command.add_argument("--prefix", default="/agent-protocol", help="Ferryman's protocol path")
+        command.add_argument(
+            "--definition",
+            choices=("assistant", "inline"),
+            default="assistant",
+            help="where Ferryman's runs take their agent definition: one stored assistant for"
+            " both surfaces, or each request's own (native create body, protocol run context)",
+        )
         command.add_argument(
             "--ferryman-repo",
             default=str(REPO),

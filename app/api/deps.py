@@ -17,7 +17,9 @@ LOCAL_OWNER = "local"
 _bearer = HTTPBearer(auto_error=False, description="An API key from `ferryman keys create`.")
 
 
-def get_services(request: Request) -> Services:
+# Dependencies are `async def` even when they do not await: FastAPI runs a plain `def` one in
+# its thread pool, a thread handoff on every request.
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -25,7 +27,7 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_db(services: ServicesDep) -> Database:
+async def get_db(services: ServicesDep) -> Database:
     return services.db
 
 

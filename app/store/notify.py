@@ -153,12 +153,12 @@ async def probe(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SELECT 1")
 
 
-def notifying(key: str) -> str:
-    """A condition that is true and sends the stream notification whose key the SQL expression
-    `key` gives, for each row it is checked on: in a write's `WHERE` or `RETURNING`, it
-    notifies in the write's own statement (one round trip fewer than `notify`), and only for
-    rows written."""
-    return f"pg_notify('{STREAMS_CHANNEL}', {key}) IS NOT NULL"
+def notifying(key: str, channel: str = STREAMS_CHANNEL) -> str:
+    """A condition that is true and sends the notification whose key the SQL expression `key`
+    gives (on `channel`: a stream's by default), for each row it is checked on: in a write's
+    `WHERE` or `RETURNING`, it notifies in the write's own statement (one round trip fewer
+    than `notify`), and only for rows written."""
+    return f"pg_notify('{channel}', {key}) IS NOT NULL"
 
 
 async def notify(conn: Connection, key: str) -> None:

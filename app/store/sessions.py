@@ -95,11 +95,15 @@ _REQUEST_CANCEL = statement(
 
 # A locked session's new status, announced on the owner feed, in one statement; in three forms,
 # by what else the change clears.
+# The data of a `session_status` owner event, over the changed row `s`.
+STATUS_EVENT_DATA = (
+    "jsonb_build_object('status', s.status, 'attempt', s.attempt)"
+    " || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END"
+)
+
+
 def _set_status(clears: str = "") -> str:
-    data = (
-        "jsonb_build_object('status', s.status, 'attempt', s.attempt)"
-        " || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END"
-    )
+    data = STATUS_EVENT_DATA
     return f"""
     WITH updated AS (
         UPDATE sessions SET status = %s, error = %s, updated_at = clock_timestamp(){clears}

@@ -694,18 +694,45 @@ owner_cursor AS (
 )
 SELECT * FROM updated;
 
--- name: set_thread_definition
-UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
-                    model_settings = %s, approval_required = %s, title = %s,
-                    assistant_id = %s, assistant_version = %s, prompt = %s,
-                    updated_at = clock_timestamp()
-WHERE id = %s AND owner_id = %s AND deleted_at IS NULL AND status = 'idle' AND last_seq = 0
-RETURNING
+-- name: start_first_run
+WITH s AS (
+    UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
+                        instructions = %(instructions)s, model_settings = %(model_settings)s,
+                        approval_required = %(approval_required)s, title = %(title)s,
+                        assistant_id = %(assistant_id)s,
+                        assistant_version = %(assistant_version)s, prompt = %(text)s,
+                        status = 'queued', error = NULL, cancel_requested_at = NULL,
+                        last_seq = 1, updated_at = clock_timestamp()
+    WHERE id = %(id)s AND owner_id = %(owner)s AND deleted_at IS NULL
+      AND status = 'idle' AND last_seq = 0
+    RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version;
+assistant_version
+
+), appended AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT id, last_seq, attempt, 'user_message', %(data)s FROM s
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM s GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', s.status, 'attempt', s.attempt) || CASE WHEN s.error IS NULL THEN '{}' ELSE jsonb_build_object('error', s.error) END
+    FROM s s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM s
+WHERE pg_notify('ferryman', %(session_key)s) IS NOT NULL AND pg_notify('ferryman_runs', 'work') IS NOT NULL;
 
 -- name: thread_run_marks
 SELECT seq, type, created_at, data->>'status' AS status FROM session_events

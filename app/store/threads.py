@@ -1,6 +1,6 @@
 """What the Agent Protocol surface (app/protocols/agent_protocol) asks of sessions beyond the
-native API: searching them as threads, merging their metadata, fixing an idle session's agent
-definition at its first run, and the log positions that bound its runs."""
+native API: searching them as threads, merging their metadata, starting an idle session's first run
+with its agent definition, and the log positions that bound its runs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
-from app.domain import SessionEventType
-from app.store.sessions import SESSION_COLUMNS, NewSession
+from app.domain import OwnerEventType, SessionEventType, Status
+from app.store.events import owner_event_ctes
+from app.store.notify import RUNS_CHANNEL, WORK_KEY, notifying, session_key
+from app.store.sessions import SESSION_COLUMNS, STATUS_EVENT_DATA, NewSession
 from app.store.statements import statement
 
 # The sort keys a thread search takes, and the column each orders by.
@@ -58,17 +60,30 @@ _MERGE_METADATA = statement(
     WHERE id = %s RETURNING {SESSION_COLUMNS}
     """,
 )
-# The first run's definition, and its first message as the prompt, for a session of the owner
-# that is idle and has no event yet; it locks the row (and answers nothing for any other).
-_SET_DEFINITION = statement(
-    "set_thread_definition",
+# A thread's first run, in one statement: the owner's session that is idle and has no event
+# yet takes the run's definition and its first message as the prompt, is queued, logs that
+# message (seq 1) and announces its status; the session's stream and the workers are told.
+# It answers nothing, and changes nothing, for any other session.
+_START_FIRST_RUN = statement(
+    "start_first_run",
     f"""
-    UPDATE sessions SET model = %s, script = %s, tools = %s, instructions = %s,
-                        model_settings = %s, approval_required = %s, title = %s,
-                        assistant_id = %s, assistant_version = %s, prompt = %s,
-                        updated_at = clock_timestamp()
-    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL AND status = 'idle' AND last_seq = 0
-    RETURNING {SESSION_COLUMNS}
+    WITH s AS (
+        UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
+                            instructions = %(instructions)s, model_settings = %(model_settings)s,
+                            approval_required = %(approval_required)s, title = %(title)s,
+                            assistant_id = %(assistant_id)s,
+                            assistant_version = %(assistant_version)s, prompt = %(text)s,
+                            status = '{Status.QUEUED}', error = NULL, cancel_requested_at = NULL,
+                            last_seq = 1, updated_at = clock_timestamp()
+        WHERE id = %(id)s AND owner_id = %(owner)s AND deleted_at IS NULL
+          AND status = '{Status.IDLE}' AND last_seq = 0
+        RETURNING {SESSION_COLUMNS}
+    ), appended AS (
+        INSERT INTO session_events (session_id, seq, attempt, type, data)
+        SELECT id, last_seq, attempt, '{SessionEventType.USER_MESSAGE}', %(data)s FROM s
+    ), {owner_event_ctes("s", f"'{OwnerEventType.SESSION_STATUS}'", STATUS_EVENT_DATA)}
+    SELECT * FROM s
+    WHERE {notifying("%(session_key)s")} AND {notifying(f"'{WORK_KEY}'", RUNS_CHANNEL)}
     """,
 )
 # The events that open and close runs, and nothing of their data but what says so.
@@ -136,28 +151,32 @@ async def merge_metadata(
     return row
 
 
-async def set_definition(
-    conn: Connection, owner_id: str, session_id: UUID, new: NewSession, prompt: str
+async def start_first_run(
+    conn: Connection, owner_id: str, session_id: UUID, new: NewSession, text: str
 ) -> dict[str, Any] | None:
-    """Give the owner's idle session that has no event yet its agent definition and `prompt`
-    (its first message's text, which it would take anyway): the locked row, or None (and
-    nothing changed, nothing locked) if it is no such session."""
+    """Start the first run of the owner's idle session that has no event yet: its definition
+    `new`, its first message `text` (seq 1, queued), all in one statement. The session's row
+    as it is now, or None (nothing changed) if it is no such session."""
     cur = await conn.execute(
-        _SET_DEFINITION,
-        (
-            new.model,
-            Jsonb(new.script) if new.script is not None else None,
-            Jsonb(new.tools) if new.tools is not None else None,
-            new.instructions,
-            Jsonb(new.model_settings),
-            Jsonb(new.approval_required) if new.approval_required is not None else None,
-            new.title,
-            new.assistant_id,
-            new.assistant_version,
-            prompt,
-            session_id,
-            owner_id,
-        ),
+        _START_FIRST_RUN,
+        {
+            "model": new.model,
+            "script": Jsonb(new.script) if new.script is not None else None,
+            "tools": Jsonb(new.tools) if new.tools is not None else None,
+            "instructions": new.instructions,
+            "model_settings": Jsonb(new.model_settings),
+            "approval_required": Jsonb(new.approval_required)
+            if new.approval_required is not None
+            else None,
+            "title": new.title,
+            "assistant_id": new.assistant_id,
+            "assistant_version": new.assistant_version,
+            "text": text,
+            "data": Jsonb({"text": text, "delivery": "queued"}),
+            "id": session_id,
+            "owner": owner_id,
+            "session_key": session_key(session_id),
+        },
     )
     row: dict[str, Any] | None = await cur.fetchone()
     return row

@@ -353,35 +353,48 @@ async def start_run(
                     await session_store.request_cancel(conn, owner, thread_id)
         if row["status"] in BUSY:
             await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
-    first_text = texts[0] if texts else "resume"
-    named = replace(definition, title=default_title(first_text))
+    named = replace(definition, title=default_title(texts[0] if texts else "resume"))
+    if resume is None and len(texts) == 1:
+        # The common case, a thread's first run with one message, is one statement: no
+        # transaction.
+        async with services.db.connection() as conn:
+            fresh = await thread_store.start_first_run(conn, owner, thread_id, named, texts[0])
+        if fresh is not None:
+            return fresh, _opened(thread_id, 1)
     async with services.db.transaction() as conn:
-        # A thread's first run gives it its definition, which also locks its row; any other
-        # run locks the row as it is.
-        fresh = await thread_store.set_definition(conn, owner, thread_id, named, first_text)
+        # A thread's first run gives it its definition and its first message, which also
+        # locks its row; any other run locks the row as it is.
+        fresh = None
+        if resume is None and len(texts) > 1:
+            fresh = await thread_store.start_first_run(conn, owner, thread_id, named, texts[0])
         row = fresh or await session_store.get_session(conn, owner, thread_id, for_update=True)
         # No run open: what is written now opens one (`fold.runs_of`).
-        opens = row["status"] not in BUSY
+        opens = fresh is not None or row["status"] not in BUSY
         if not opens and strategy == "reject":
             raise ThreadBusy(
                 "the thread has a run in progress (multitask_strategy reject)",
                 threadStatus="busy",
             )
-        first: int | None = None
+        first: int | None = 1 if fresh is not None else None
         if resume is not None:
             first = await _answer(conn, owner, row, resume)
-        for text in texts:
+        for text in texts[1:] if fresh is not None else texts:
             locked = row if first is None else None  # the row changes with each message
             event, _ = await session_store.post_message(conn, owner, thread_id, text, locked=locked)
             first = first or int(event["seq"])
         assert first is not None
         if opens:
-            now = datetime.now(UTC)
-            return row, fold.Run(fold.run_id(thread_id, first), first, None, "pending", now, now)
+            return row, _opened(thread_id, first)
         for run in await runs_of_thread(conn, row):
             if run.start_seq <= first and (run.end_seq is None or first <= run.end_seq):
                 return row, run
     raise RunNotFound()
+
+
+def _opened(thread_id: UUID, first: int) -> fold.Run:
+    """The run that the event at seq `first` opened, as it starts."""
+    now = datetime.now(UTC)
+    return fold.Run(fold.run_id(thread_id, first), first, None, "pending", now, now)
 
 
 async def _answer(conn: Connection, owner: str, row: dict[str, Any], resume: Any) -> int:

@@ -294,3 +294,43 @@ async def test_a_run_pins_the_assistant_made_through_the_protocol(
     await lg.runs.create(plain, default_id, input=message)
     assert (await native.get(f"/api/agent/{plain}")).json()["assistant"] is None
     await native.aclose()
+
+
+async def test_a_later_run_with_another_assistant_redefines_the_thread(
+    lg: LangGraphClient, server: ServerProcess, owner_key: tuple[str, str]
+) -> None:
+    """A thread takes the definition of each run that names another stored assistant, or
+    definition fields in its context, once no run is in progress; a run naming the thread's
+    own assistant keeps the version the thread pinned (no worker: runs stay queued and a
+    cancel ends them)."""
+    one = (await lg.assistants.create("ferryman", context={"instructions": "One."}))["assistant_id"]
+    two = (await lg.assistants.create("ferryman", context={"instructions": "Two."}))["assistant_id"]
+    message = {"messages": [{"role": "user", "content": "hi"}]}
+    thread = (await lg.threads.create())["thread_id"]
+    native = httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {owner_key[1]}"}
+    )
+
+    async def session() -> dict[str, Any]:
+        return dict((await native.get(f"/api/agent/{thread}")).json())
+
+    async def end(run: dict[str, Any]) -> None:
+        await lg.runs.cancel(thread, run["run_id"], wait=True)
+
+    first = await lg.runs.create(thread, one, input=message)
+    with pytest.raises(ConflictError):
+        await lg.runs.create(thread, two, input=message, multitask_strategy="enqueue")
+    assert (await session())["assistant"] == {"id": one, "version": 1}
+    await end(first)
+
+    await lg.assistants.update(one, context={"instructions": "One, edited."})
+    await end(await lg.runs.create(thread, one, input=message))
+    assert (await session())["instructions"] == "One."  # the pinned version, not the edit
+    await end(await lg.runs.create(thread, one, input=message, context={"instructions": "Now."}))
+    now = await session()
+    assert (now["assistant"], now["instructions"]) == ({"id": one, "version": 1}, "Now.")
+
+    await lg.runs.create(thread, two, input=message)
+    now = await session()
+    assert (now["assistant"], now["instructions"]) == ({"id": two, "version": 1}, "Two.")
+    await native.aclose()

@@ -300,6 +300,19 @@ WITH chunk AS (
 )
 SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
 
+-- name: redefine_thread
+UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
+                    instructions = %(instructions)s, model_settings = %(model_settings)s,
+                    approval_required = %(approval_required)s,
+                    assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
+                    updated_at = clock_timestamp()
+WHERE id = %(id)s RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version;
+
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
 RETURNING

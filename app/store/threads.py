@@ -86,6 +86,18 @@ _START_FIRST_RUN = statement(
     WHERE {notifying("%(session_key)s")} AND {notifying(f"'{WORK_KEY}'", RUNS_CHANNEL)}
     """,
 )
+# A later run's definition, for a session the caller locked, that has no run in progress.
+_REDEFINE = statement(
+    "redefine_thread",
+    f"""
+    UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
+                        instructions = %(instructions)s, model_settings = %(model_settings)s,
+                        approval_required = %(approval_required)s,
+                        assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
+                        updated_at = clock_timestamp()
+    WHERE id = %(id)s RETURNING {SESSION_COLUMNS}
+    """,
+)
 # The events that open and close runs, and nothing of their data but what says so.
 _RUN_MARKS = statement(
     "thread_run_marks",
@@ -160,17 +172,8 @@ async def start_first_run(
     cur = await conn.execute(
         _START_FIRST_RUN,
         {
-            "model": new.model,
-            "script": Jsonb(new.script) if new.script is not None else None,
-            "tools": Jsonb(new.tools) if new.tools is not None else None,
-            "instructions": new.instructions,
-            "model_settings": Jsonb(new.model_settings),
-            "approval_required": Jsonb(new.approval_required)
-            if new.approval_required is not None
-            else None,
+            **_definition(new),
             "title": new.title,
-            "assistant_id": new.assistant_id,
-            "assistant_version": new.assistant_version,
             "text": text,
             "data": Jsonb({"text": text, "delivery": "queued"}),
             "id": session_id,
@@ -180,6 +183,30 @@ async def start_first_run(
     )
     row: dict[str, Any] | None = await cur.fetchone()
     return row
+
+
+async def redefine(conn: Connection, session_id: UUID, new: NewSession) -> dict[str, Any]:
+    """Give the locked session the agent definition `new`; its row."""
+    cur = await conn.execute(_REDEFINE, {**_definition(new), "id": session_id})
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+def _definition(new: NewSession) -> dict[str, Any]:
+    """The parameters of a session's agent definition columns."""
+    return {
+        "model": new.model,
+        "script": Jsonb(new.script) if new.script is not None else None,
+        "tools": Jsonb(new.tools) if new.tools is not None else None,
+        "instructions": new.instructions,
+        "model_settings": Jsonb(new.model_settings),
+        "approval_required": Jsonb(new.approval_required)
+        if new.approval_required is not None
+        else None,
+        "assistant_id": new.assistant_id,
+        "assistant_version": new.assistant_version,
+    }
 
 
 async def run_marks(conn: Connection, session_id: UUID) -> list[dict[str, Any]]:

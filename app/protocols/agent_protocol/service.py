@@ -48,15 +48,15 @@ GRAPH_ID = "ferryman"
 DEFAULT_ASSISTANT_ID = uuid5(NAMESPACE_URL, "urn:ferryman:assistant:ferryman")
 BUSY = frozenset({Status.QUEUED, Status.RUNNING})
 # The agent definition a run's `context` (or `config.configurable`) may carry: the create
-# body's fields of the native API.
-DEFINITION_FIELDS = (
-    "model",
-    "script",
-    "tools",
-    "instructions",
-    "modelSettings",
-    "approvalRequired",
-)
+# body's fields of the native API, and the NewSession field each gives.
+DEFINITION_FIELDS = {
+    "model": "model",
+    "script": "script",
+    "tools": "tools",
+    "instructions": "instructions",
+    "modelSettings": "model_settings",
+    "approvalRequired": "approval_required",
+}
 # A wait for a run's end looks at the log at least this often, in case a notification is lost.
 RUN_WAIT_POLL = 1.0
 LOG_PAGE_ROWS = 1000
@@ -304,14 +304,18 @@ def _human_text(message: Any, index: int) -> str:
     return content
 
 
-async def definition_of(services: Services, owner: str, body: RunCreate) -> NewSession:
-    """The agent definition a thread's first run gives it: the assistant's (a stored one by
-    its id, pinned as the native API pins it; none for the graph id), overridden by what the
-    run's `config.configurable` and `context` carry, checked as a native create body."""
+async def definition_of(
+    services: Services, owner: str, body: RunCreate
+) -> tuple[NewSession, frozenset[str]]:
+    """The agent definition a run gives its thread: the assistant's (a stored one by its id,
+    pinned as the native API pins it; none for the graph id), overridden by what the run's
+    `config.configurable` and `context` carry, checked as a native create body; and the
+    fields of NewSession those carry."""
     given: dict[str, Any] = {}
     configurable = (body.config or {}).get("configurable") or {}
     for source in (configurable, body.context or {}):
         given.update({k: v for k, v in source.items() if k in DEFINITION_FIELDS})
+    named = frozenset(DEFINITION_FIELDS[k] for k in given)
     if body.assistant_id not in (GRAPH_ID, str(DEFAULT_ASSISTANT_ID)):
         given["assistantId"] = body.assistant_id
     try:
@@ -319,7 +323,34 @@ async def definition_of(services: Services, owner: str, body: RunCreate) -> NewS
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", "context", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors) from None
-    return await resolve_session(services, owner, create)
+    return await resolve_session(services, owner, create), named
+
+
+# The columns of a session's agent definition, by the NewSession field each one stores.
+_DEFINITION_COLUMNS = {
+    "model": "model",
+    "script": "script",
+    "tools": "tools",
+    "instructions": "instructions",
+    "model_settings": "model_settings",
+    "approval_required": "approval_required",
+    "assistant_id": "assistant_id",
+    "assistant_version": "assistant_version",
+}
+
+
+def _redefinition(row: dict[str, Any], new: NewSession, named: frozenset[str]) -> NewSession | None:
+    """The definition a later run gives its thread: all of `new` when the run named another
+    stored assistant than the thread's, else the session's with the fields its context
+    `named` taken from `new` (so a run naming the thread's assistant keeps the version the
+    thread pinned); None when that changes nothing."""
+    if new.assistant_id is not None and new.assistant_id != row["assistant_id"]:
+        named = frozenset(_DEFINITION_COLUMNS)
+    kept = {f: row[c] for f, c in _DEFINITION_COLUMNS.items() if f not in named}
+    changed = replace(new, **kept)
+    if all(getattr(changed, f) == row[c] for f, c in _DEFINITION_COLUMNS.items()):
+        return None
+    return changed
 
 
 async def start_run(
@@ -344,7 +375,7 @@ async def start_run(
             " be dropped; use interrupt"
         )
     # Checked before any lock is taken: the assistant, and the definition a first run gives.
-    definition = await definition_of(services, owner, body)
+    definition, in_context = await definition_of(services, owner, body)
     if strategy == "interrupt":
         async with services.db.transaction() as conn:
             row = await session_store.get_session(conn, owner, thread_id, for_update=True)
@@ -375,6 +406,16 @@ async def start_run(
                 "the thread has a run in progress (multitask_strategy reject)",
                 threadStatus="busy",
             )
+        redefined = None if fresh is not None else _redefinition(row, definition, in_context)
+        if redefined is not None:
+            # A later run with another assistant or definition runs with it from now on.
+            if not opens:
+                raise ThreadBusy(
+                    "a run with another assistant or definition starts only when the thread"
+                    " has no run in progress (multitask_strategy interrupt cancels it first)",
+                    threadStatus="busy",
+                )
+            row = await thread_store.redefine(conn, thread_id, redefined)
         first: int | None = 1 if fresh is not None else None
         if resume is not None:
             first = await _answer(conn, owner, row, resume)

@@ -90,6 +90,19 @@ async def test_a_stateless_run_deletes_its_thread_unless_kept(
     assert await gone(sdk, str(created[0]["thread_id"]))
 
 
+async def test_a_stateless_run_whose_client_left_is_deleted(
+    sdk: LangGraphClient, api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    slow = {"model": "scripted", "script": [{"text": "Slowly.", "chunks": 4, "delayMs": 500}]}
+    body = {"assistant_id": GRAPH, "input": HELLO, "context": slow}
+    async with httpx.AsyncClient(base_url=f"{api.url}/agent-protocol") as http:
+        with pytest.raises(httpx.ReadTimeout):  # the client leaves in the middle of the run
+            await http.post("/runs/wait", json=body, headers={"x-api-key": key}, timeout=0.5)
+    [thread] = await sdk.threads.search(metadata={"stateless": True})
+    assert await gone(sdk, thread["thread_id"], timeout=30)
+
+
 async def test_a_delete_outlives_its_api_process(
     isolated_db: str, key: str, start_worker: StartWorker
 ) -> None:

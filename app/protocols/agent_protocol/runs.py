@@ -87,18 +87,18 @@ def _deletes(body: RunCreate) -> bool:
     return body.on_completion != "keep"
 
 
-def _delete_after(services: Services, owner: str, sid: UUID, run: fold.Run) -> None:
-    """Delete the thread once the run has ended, whether or not its client stays."""
+def _delete_after(services: Services, owner: str, sid: UUID) -> None:
+    """Delete the thread once its run has ended, whether or not its client stays."""
     if len(_DELETES) >= MAX_PENDING_DELETES:
         return  # the retention pass deletes it
-    task = asyncio.create_task(_delete_when_ended(services, owner, sid, run))
+    task = asyncio.create_task(_delete_when_settled(services, owner, sid))
     _DELETES.add(task)
     task.add_done_callback(_DELETES.discard)
 
 
-async def _delete_when_ended(services: Services, owner: str, sid: UUID, run: fold.Run) -> None:
+async def _delete_when_settled(services: Services, owner: str, sid: UUID) -> None:
     try:
-        await service.wait_run_end(services, owner, sid, run.id)
+        await service.wait_settled(services, owner, sid)
         await service.delete_thread(services, owner, sid)
     except SessionNotFound:
         pass  # deleted already, by its client
@@ -278,7 +278,7 @@ async def create_stateless_run(
 ) -> dict[str, Any]:
     row, run = await _start_stateless(services, owner, body)
     if _deletes(body):
-        _delete_after(services, owner, row["id"], run)
+        _delete_after(services, owner, row["id"])
     _located(response, row, run)
     return service.run_view(row, run, body.assistant_id)
 
@@ -290,7 +290,7 @@ async def create_stateless_run_stream(
     row, run = await _start_stateless(services, owner, body)
     cancel = body.on_disconnect == "cancel"
     # Once the stream is done (its reader could still be reading the thread before).
-    released = (lambda: _delete_after(services, owner, row["id"], run)) if _deletes(body) else None
+    released = (lambda: _delete_after(services, owner, row["id"])) if _deletes(body) else None
     return _stream(services, owner, row, run, body.modes(), None, cancel, released)
 
 
@@ -308,7 +308,7 @@ async def create_stateless_run_wait(
     try:
         values = await _final_values(services, owner, row["id"], run)
     except BaseException:
-        _delete_after(services, owner, row["id"], run)  # the client left: delete all the same
+        _delete_after(services, owner, row["id"])  # the client left: delete all the same
         raise
     # Deleted before the answer: the client sees the thread gone once it has its values.
     await service.delete_thread(services, owner, row["id"])

@@ -69,6 +69,9 @@ STATELESS = {"stateless": True}
 # API process restarted, or held too many deletes already), so many in one pass.
 STATELESS_DELETE_GRACE = timedelta(minutes=1)
 STATELESS_SWEEP_ROWS = 1000
+# A background wait for a thread to settle looks this often, from the first to the last.
+SETTLE_POLL_FIRST = 0.25
+SETTLE_POLL_LAST = 5.0
 
 
 def parse_thread_id(raw: str) -> UUID:
@@ -236,6 +239,15 @@ async def delete_thread(services: Services, owner: str, thread_id: UUID) -> None
     """The native delete (a busy session is cancelled first), unless it is gone already."""
     with contextlib.suppress(SessionNotFound):
         await native_sessions.delete_session(str(thread_id), owner, services)
+
+
+async def wait_settled(services: Services, owner: str, thread_id: UUID) -> None:
+    """Until the thread has no run in progress. It polls, more slowly as it waits, and takes
+    no notification: a background wait may lag a poll, but must not read at every token."""
+    poll = SETTLE_POLL_FIRST
+    while (await owned_thread(services, owner, str(thread_id)))["status"] in BUSY:
+        await asyncio.sleep(poll)
+        poll = min(2 * poll, SETTLE_POLL_LAST)
 
 
 async def delete_ended_stateless(services: Services) -> int:

@@ -22,6 +22,7 @@ from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.protocols import agent_protocol
+from app.protocols.agent_protocol import service as agent_protocol_service
 from app.runtime.worker import Worker
 from app.services import Services, calm_garbage_collector
 from app.store import retention
@@ -43,6 +44,10 @@ async def _retention_loop(services: Services) -> None:
                 ),
             )
             log.info("retention pruned %s", pruned)
+            # Stateless runs' threads their own API process did not live to delete.
+            deleted = await agent_protocol_service.delete_ended_stateless(services)
+            if deleted:
+                log.info("retention deleted %s stateless threads", deleted)
         except UNAVAILABLE_ERRORS as exc:
             log.warning("retention skipped: %s", exc)
         await asyncio.sleep(settings.retention_interval)

@@ -27,6 +27,7 @@ from app.api import problems, schemas
 from app.domain import SessionErrorCode
 from app.errors import FerrymanError, ProblemCode
 from app.protocols.agent_protocol import assistants as protocol_assistants
+from app.protocols.agent_protocol import runs as protocol_runs
 from app.store import deltas
 from app.streams import frames
 
@@ -132,7 +133,16 @@ SETTINGS: dict[str, str] = {
 }
 
 # Modules whose MAX_* and *LIMIT* constants bound what a client or a model may send.
-LIMIT_MODULES = (domain, schemas, config, builtin, frames, deltas, protocol_assistants)
+LIMIT_MODULES = (
+    domain,
+    schemas,
+    config,
+    builtin,
+    frames,
+    deltas,
+    protocol_assistants,
+    protocol_runs,
+)
 NAMED_LIMITS: dict[str, str] = {
     "MAX_PROMPT_CHARS": "A session's `prompt`, in characters.",
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
@@ -149,6 +159,9 @@ NAMED_LIMITS: dict[str, str] = {
     " assistant's versions.",
     "MAX_ASSISTANT_SEARCH_OFFSET": "Agent Protocol: `offset` of an assistants search and of an"
     " assistant's versions.",
+    "MAX_PENDING_DELETES": "Agent Protocol: stateless runs' threads one API process holds to"
+    " delete once their run ends; past it (or after a restart) the retention pass deletes them"
+    " ([langgraph.md](langgraph.md)).",
     "MAX_IDEMPOTENCY_KEY_CHARS": "The `Idempotency-Key` header, in characters.",
     "MAX_ASSISTANT_NAME_CHARS": "An assistant's `name`, in characters.",
     "MAX_ASSISTANT_DESCRIPTION_CHARS": "An assistant's `description`, in characters.",

@@ -65,7 +65,18 @@ class SessionDeletedData(Data):
     pass
 
 
-class UserMessageData(Data):
+class OpensRun(Data):
+    """What an Agent Protocol run create gave the run the event opens (docs/langgraph.md)."""
+
+    runMetadata: dict[str, Any] | None = Field(
+        default=None, description="The run's `metadata`, when its create gave one."
+    )
+    multitaskStrategy: Literal["reject", "interrupt", "enqueue"] | None = Field(
+        default=None, description="The run create's `multitask_strategy`."
+    )
+
+
+class UserMessageData(OpensRun):
     text: str
     delivery: Literal["steer", "queued"]
 
@@ -132,7 +143,7 @@ class ToolApprovalRequestedData(Data):
     arguments: dict[str, Any]
 
 
-class ToolApprovalDecidedData(Data):
+class ToolApprovalDecidedData(OpensRun):
     toolCallId: str
     approved: bool
     reason: str | None = None

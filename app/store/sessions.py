@@ -412,17 +412,22 @@ async def post_message(
     text: str,
     *,
     locked: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
     one. The first message of a session created idle becomes its prompt. `locked`: the
-    session's row as this transaction locked it, if the caller did (one read less)."""
+    session's row as this transaction locked it, if the caller did (one read less). `extra`:
+    more fields of the event's data (an Agent Protocol run's metadata)."""
     row = locked or await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
     if not row["prompt"]:  # a prompt has at least one character: none yet
         await conn.execute(_SET_PROMPT, (text, session_id))
     delivery = "steer" if status == Status.RUNNING else "queued"
     event = await append_session_event(
-        conn, session_id, SessionEventType.USER_MESSAGE, {"text": text, "delivery": delivery}
+        conn,
+        session_id,
+        SessionEventType.USER_MESSAGE,
+        {"text": text, "delivery": delivery, **(extra or {})},
     )
     if status in REQUEUEABLE:
         await set_status(conn, row, Status.QUEUED, query=SET_STATUS_CANCEL_CLEARED)
@@ -439,10 +444,12 @@ async def decide_approval(
     call_id: str,
     approved: bool,
     reason: str | None,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Log a decision on a tool call waiting for approval, and re-queue a waiting session so
     a worker acts on it; (the decision event, the session row). A running session takes it
-    before it would wait (the run's `finish` sees it); a terminal one has nothing pending."""
+    before it would wait (the run's `finish` sees it); a terminal one has nothing pending.
+    `extra`: more fields of the event's data (an Agent Protocol run's metadata)."""
     row = await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
     if status in TERMINAL:
@@ -463,7 +470,7 @@ async def decide_approval(
             else "no tool call of this session with this id waits for approval"
         )
         raise ApprovalNotPending(detail)
-    decision: dict[str, Any] = {"toolCallId": call_id, "approved": approved}
+    decision: dict[str, Any] = {"toolCallId": call_id, "approved": approved, **(extra or {})}
     if reason is not None:
         decision["reason"] = reason
     event = await append_session_event(

@@ -145,6 +145,12 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version;
 
+-- name: ended_stateless_threads
+SELECT id, owner_id FROM sessions
+WHERE deleted_at IS NULL AND metadata @> %(marker)s::jsonb
+  AND status NOT IN ('queued', 'running') AND updated_at < clock_timestamp() - %(grace)s
+ORDER BY updated_at LIMIT %(limit)s;
+
 -- name: get_assistant
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
@@ -748,7 +754,9 @@ SELECT * FROM s
 WHERE pg_notify('ferryman', %(session_key)s) IS NOT NULL AND pg_notify('ferryman_runs', 'work') IS NOT NULL;
 
 -- name: thread_run_marks
-SELECT seq, type, created_at, data->>'status' AS status FROM session_events
+SELECT seq, type, created_at, data->>'status' AS status,
+       data->'runMetadata' AS run_metadata, data->>'multitaskStrategy' AS multitask_strategy
+FROM session_events
 WHERE session_id = %s AND type IN ('user_message',
     'tool_approval_decided', 'session_end')
 ORDER BY seq;

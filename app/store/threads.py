@@ -5,6 +5,7 @@ with its agent definition, and the log positions that bound its runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -98,11 +99,14 @@ _REDEFINE = statement(
     WHERE id = %(id)s RETURNING {SESSION_COLUMNS}
     """,
 )
-# The events that open and close runs, and nothing of their data but what says so.
+# The events that open and close runs, and nothing of their data but what says so (and what
+# the Agent Protocol's run create gave the run: its metadata and multitask strategy).
 _RUN_MARKS = statement(
     "thread_run_marks",
     f"""
-    SELECT seq, type, created_at, data->>'status' AS status FROM session_events
+    SELECT seq, type, created_at, data->>'status' AS status,
+           data->'runMetadata' AS run_metadata, data->>'multitaskStrategy' AS multitask_strategy
+    FROM session_events
     WHERE session_id = %s AND type IN ('{SessionEventType.USER_MESSAGE}',
         '{SessionEventType.TOOL_APPROVAL_DECIDED}', '{SessionEventType.SESSION_END}')
     ORDER BY seq
@@ -164,18 +168,24 @@ async def merge_metadata(
 
 
 async def start_first_run(
-    conn: Connection, owner_id: str, session_id: UUID, new: NewSession, text: str
+    conn: Connection,
+    owner_id: str,
+    session_id: UUID,
+    new: NewSession,
+    text: str,
+    extra: dict[str, Any],
 ) -> dict[str, Any] | None:
     """Start the first run of the owner's idle session that has no event yet: its definition
-    `new`, its first message `text` (seq 1, queued), all in one statement. The session's row
-    as it is now, or None (nothing changed) if it is no such session."""
+    `new`, its first message `text` (seq 1, queued, with `extra` in its data), all in one
+    statement. The session's row as it is now, or None (nothing changed) if it is no such
+    session."""
     cur = await conn.execute(
         _START_FIRST_RUN,
         {
             **_definition(new),
             "title": new.title,
             "text": text,
-            "data": Jsonb({"text": text, "delivery": "queued"}),
+            "data": Jsonb({**extra, "text": text, "delivery": "queued"}),
             "id": session_id,
             "owner": owner_id,
             "session_key": session_key(session_id),
@@ -213,4 +223,27 @@ async def run_marks(conn: Connection, session_id: UUID) -> list[dict[str, Any]]:
     """The session's user messages, approval decisions and ends, in log order: what runs are
     made of (app/protocols/agent_protocol/runs_model.py)."""
     cur = await conn.execute(_RUN_MARKS, (session_id,))
+    return await cur.fetchall()
+
+
+# Stateless threads to delete (metadata `on_completion: delete`) whose run has ended at least
+# `grace` ago, oldest first: the delete their run's API process would have done, had it lived.
+_ENDED_STATELESS = statement(
+    "ended_stateless_threads",
+    """
+    SELECT id, owner_id FROM sessions
+    WHERE deleted_at IS NULL AND metadata @> %(marker)s::jsonb
+      AND status NOT IN ('queued', 'running') AND updated_at < clock_timestamp() - %(grace)s
+    ORDER BY updated_at LIMIT %(limit)s
+    """,
+)
+
+
+async def ended_stateless(
+    conn: Connection, marker: dict[str, Any], grace: timedelta, limit: int
+) -> list[dict[str, Any]]:
+    """Sessions (id, owner_id) whose metadata holds `marker`, not busy, unchanged for `grace`."""
+    cur = await conn.execute(
+        _ENDED_STATELESS, {"marker": Jsonb(marker), "grace": grace, "limit": limit}
+    )
     return await cur.fetchall()

@@ -120,6 +120,24 @@ class Run:
     status: str
     created_at: Any
     updated_at: Any
+    # What the run's create gave it (kept in the data of the event that opened it).
+    metadata: dict[str, Any] | None = None
+    multitask_strategy: str | None = None
+
+
+def _run(
+    session_id: uuid.UUID, start: dict[str, Any], end: dict[str, Any] | None, status: str
+) -> Run:
+    return Run(
+        run_id(session_id, start["seq"]),
+        start["seq"],
+        end["seq"] if end else None,
+        status,
+        start["created_at"],
+        (end or start)["created_at"],
+        start.get("run_metadata"),
+        start.get("multitask_strategy"),
+    )
 
 
 def runs_of(session_id: uuid.UUID, marks: list[dict[str, Any]], session_status: str) -> list[Run]:
@@ -129,32 +147,13 @@ def runs_of(session_id: uuid.UUID, marks: list[dict[str, Any]], session_status: 
     for mark in marks:
         if mark["type"] == SessionEventType.SESSION_END:
             if start is not None:
-                status = RUN_STATUS.get(mark["status"], "error")
-                runs.append(
-                    Run(
-                        run_id(session_id, start["seq"]),
-                        start["seq"],
-                        mark["seq"],
-                        status,
-                        start["created_at"],
-                        mark["created_at"],
-                    )
-                )
+                runs.append(_run(session_id, start, mark, RUN_STATUS.get(mark["status"], "error")))
                 start = None
         elif start is None:
             start = mark
     if start is not None:
         status = "running" if session_status == Status.RUNNING else "pending"
-        runs.append(
-            Run(
-                run_id(session_id, start["seq"]),
-                start["seq"],
-                None,
-                status,
-                start["created_at"],
-                start["created_at"],
-            )
-        )
+        runs.append(_run(session_id, start, None, status))
     return runs
 
 

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlencode
 from uuid import UUID, uuid4
@@ -14,7 +16,8 @@ from fastapi.responses import StreamingResponse
 
 from app.api.deps import ProtocolOwner, ServicesDep
 from app.api.streams import EventStreamResponse
-from app.errors import NotServed
+from app.db.pool import UNAVAILABLE_ERRORS
+from app.errors import NotServed, SessionNotFound
 from app.protocols.agent_protocol import fold, service
 from app.protocols.agent_protocol.schemas import RunCreate
 from app.protocols.agent_protocol.stream import RunStream, run_events
@@ -23,9 +26,15 @@ from app.store import sessions as session_store
 from app.streams.sse import DirectWrites
 
 router = APIRouter(tags=["agent-protocol"])
+log = logging.getLogger(__name__)
 
 # Cancels of runs whose client left (`on_disconnect: cancel`), held until done.
 _CANCELS: set[asyncio.Task[None]] = set()
+# Deletes of stateless runs' threads, each waiting for its run's end, held until done. Past
+# this many in one process the retention pass deletes the thread instead (its metadata says
+# so: `service.delete_ended_stateless`), as it does when the process stops first.
+MAX_PENDING_DELETES = 1000
+_DELETES: set[asyncio.Task[None]] = set()
 
 
 def _run_path(thread_id: str, run_id: str) -> str:
@@ -48,12 +57,53 @@ async def _thread_for_run(services: Services, owner: str, thread_id: str, body: 
     return sid
 
 
-async def _stateless_thread(services: Services, owner: str) -> UUID:
-    """A thread of its own for a run without one (kept after the run: docs/langgraph.md)."""
+async def _start(
+    services: Services, owner: str, thread_id: str, body: RunCreate
+) -> tuple[dict[str, Any], fold.Run]:
+    service.check_served(body, stateless=False)
+    sid = await _thread_for_run(services, owner, thread_id, body)
+    await service.check_checkpoint(services, owner, sid, body)
+    return await service.start_run(services, owner, sid, body)
+
+
+async def _start_stateless(
+    services: Services, owner: str, body: RunCreate
+) -> tuple[dict[str, Any], fold.Run]:
+    """A run on a thread of its own, whose metadata says whether it outlives the run."""
+    service.check_served(body, stateless=True)
     sid = uuid4()
+    metadata = service.stateless_metadata(body.on_completion)
     async with services.db.transaction() as conn:
-        await service.create_idle_thread(conn, owner, services, sid, {"stateless": True})
-    return sid
+        await service.create_idle_thread(conn, owner, services, sid, metadata)
+    try:
+        return await service.start_run(services, owner, sid, body)
+    except Exception:
+        await service.delete_thread(services, owner, sid)  # no run: the client never saw it
+        raise
+
+
+def _deletes(body: RunCreate) -> bool:
+    """Whether a stateless run's thread goes when the run ends (LangGraph's default)."""
+    return body.on_completion != "keep"
+
+
+def _delete_after(services: Services, owner: str, sid: UUID) -> None:
+    """Delete the thread once its run has ended, whether or not its client stays."""
+    if len(_DELETES) >= MAX_PENDING_DELETES:
+        return  # the retention pass deletes it
+    task = asyncio.create_task(_delete_when_settled(services, owner, sid))
+    _DELETES.add(task)
+    task.add_done_callback(_DELETES.discard)
+
+
+async def _delete_when_settled(services: Services, owner: str, sid: UUID) -> None:
+    try:
+        await service.wait_settled(services, owner, sid)
+        await service.delete_thread(services, owner, sid)
+    except SessionNotFound:
+        pass  # deleted already, by its client
+    except UNAVAILABLE_ERRORS as exc:
+        log.warning("stateless thread %s left to the retention pass: %s", sid, exc)
 
 
 def _located(response: Response, row: dict[str, Any], run: fold.Run) -> None:
@@ -68,6 +118,7 @@ def _stream(
     modes: list[str] | None,
     last_event_id: str | None,
     cancel_on_disconnect: bool = False,
+    released: Callable[[], None] | None = None,
 ) -> StreamingResponse:
     events = fold.wanted_events(modes) if modes else fold.ALL_EVENTS
     stream = RunStream(row, run, fold.parse_event_id(last_event_id), events)
@@ -81,6 +132,8 @@ def _stream(
             task = asyncio.create_task(service.cancel_run(services, owner, row["id"], run, False))
             _CANCELS.add(task)
             task.add_done_callback(_CANCELS.discard)
+        if released is not None:
+            released()
 
     services.slots.take(owner)  # last: nothing after this can fail and strand the slot
     response = EventStreamResponse(body, release, direct)
@@ -108,8 +161,7 @@ async def create_run(
     services: ServicesDep,
     response: Response,
 ) -> dict[str, Any]:
-    sid = await _thread_for_run(services, owner, thread_id, body)
-    row, run = await service.start_run(services, owner, sid, body)
+    row, run = await _start(services, owner, thread_id, body)
     _located(response, row, run)
     return service.run_view(row, run, body.assistant_id)
 
@@ -118,8 +170,7 @@ async def create_run(
 async def create_run_stream(
     thread_id: str, body: RunCreate, owner: ProtocolOwner, services: ServicesDep
 ) -> StreamingResponse:
-    sid = await _thread_for_run(services, owner, thread_id, body)
-    row, run = await service.start_run(services, owner, sid, body)
+    row, run = await _start(services, owner, thread_id, body)
     cancel = body.on_disconnect == "cancel"
     return _stream(services, owner, row, run, body.modes(), None, cancel)
 
@@ -132,10 +183,9 @@ async def create_run_wait(
     services: ServicesDep,
     response: Response,
 ) -> Any:
-    sid = await _thread_for_run(services, owner, thread_id, body)
-    row, run = await service.start_run(services, owner, sid, body)
+    row, run = await _start(services, owner, thread_id, body)
     _located(response, row, run)
-    return await _final_values(services, owner, sid, run)
+    return await _final_values(services, owner, row["id"], run)
 
 
 @router.get("/threads/{thread_id}/runs")
@@ -226,16 +276,22 @@ async def create_stateless_run(
     services: ServicesDep,
     response: Response,
 ) -> dict[str, Any]:
-    sid = await _stateless_thread(services, owner)
-    return await create_run(str(sid), body, owner, services, response)
+    row, run = await _start_stateless(services, owner, body)
+    if _deletes(body):
+        _delete_after(services, owner, row["id"])
+    _located(response, row, run)
+    return service.run_view(row, run, body.assistant_id)
 
 
 @router.post("/runs/stream", response_class=StreamingResponse)
 async def create_stateless_run_stream(
     body: RunCreate, owner: ProtocolOwner, services: ServicesDep
 ) -> StreamingResponse:
-    sid = await _stateless_thread(services, owner)
-    return await create_run_stream(str(sid), body, owner, services)
+    row, run = await _start_stateless(services, owner, body)
+    cancel = body.on_disconnect == "cancel"
+    # Once the stream is done (its reader could still be reading the thread before).
+    released = (lambda: _delete_after(services, owner, row["id"])) if _deletes(body) else None
+    return _stream(services, owner, row, run, body.modes(), None, cancel, released)
 
 
 @router.post("/runs/wait")
@@ -245,5 +301,15 @@ async def create_stateless_run_wait(
     services: ServicesDep,
     response: Response,
 ) -> Any:
-    sid = await _stateless_thread(services, owner)
-    return await create_run_wait(str(sid), body, owner, services, response)
+    row, run = await _start_stateless(services, owner, body)
+    _located(response, row, run)
+    if not _deletes(body):
+        return await _final_values(services, owner, row["id"], run)
+    try:
+        values = await _final_values(services, owner, row["id"], run)
+    except BaseException:
+        _delete_after(services, owner, row["id"])  # the client left: delete all the same
+        raise
+    # Deleted before the answer: the client sees the thread gone once it has its values.
+    await service.delete_thread(services, owner, row["id"])
+    return values

@@ -83,20 +83,26 @@ class RunCreate(Body):
     input: dict[str, Any] | None = None
     command: Command | None = None
     stream_mode: StreamModeName | list[StreamModeName] | None = None
-    metadata: dict[str, Any] | None = None
+    # Kept with the run (in the log), bounded as a session's metadata is.
+    metadata: JsonObject | None = None
     config: dict[str, Any] | None = None
     context: dict[str, Any] | None = None
     multitask_strategy: MultitaskStrategy | None = None
     if_not_exists: Literal["create", "reject"] | None = None
+    # A stateless run's thread; None is LangGraph's default for one, `delete`.
     on_completion: Literal["delete", "keep"] | None = None
+    # Taken: every stream resumes, every step is durable, and there are no subgraphs (so
+    # `stream_subgraphs` changes nothing in what streams).
     stream_resumable: bool | None = None
+    durability: Literal["sync", "async", "exit"] | None = None
+    stream_subgraphs: bool | None = None
     on_disconnect: Literal["cancel", "continue"] | None = None
     checkpoint_id: str | None = None
     checkpoint: dict[str, Any] | None = None
     interrupt_before: Any = None
     interrupt_after: Any = None
     webhook: str | None = None
-    after_seconds: float | None = None
+    after_seconds: float | None = Field(default=None, ge=0)
 
     def modes(self) -> list[str]:
         if self.stream_mode is None:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid5
 
@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api import schemas as native
+from app.api import sessions as native_sessions
 from app.api.definitions import resolve_session
 from app.api.sessions import _wait_terminal
 from app.db.pool import Connection
@@ -61,6 +62,16 @@ DEFINITION_FIELDS = {
 RUN_WAIT_POLL = 1.0
 LOG_PAGE_ROWS = 1000
 LOG_PAGE_BYTES = 4 * 1_048_576
+# A stateless run's thread is deleted once the run ended unless its create said
+# `on_completion: keep`; its metadata says which, so the delete outlives the API process.
+STATELESS = {"stateless": True}
+# A thread to delete whose run ended this long ago is deleted by the retention pass (its own
+# API process restarted, or held too many deletes already), so many in one pass.
+STATELESS_DELETE_GRACE = timedelta(minutes=1)
+STATELESS_SWEEP_ROWS = 1000
+# A background wait for a thread to settle looks this often, from the first to the last.
+SETTLE_POLL_FIRST = 0.25
+SETTLE_POLL_LAST = 5.0
 
 
 def parse_thread_id(raw: str) -> UUID:
@@ -220,6 +231,37 @@ async def create_idle_thread(
     return row
 
 
+def stateless_metadata(on_completion: str | None) -> dict[str, Any]:
+    return {**STATELESS, "on_completion": on_completion or "delete"}
+
+
+async def delete_thread(services: Services, owner: str, thread_id: UUID) -> None:
+    """The native delete (a busy session is cancelled first), unless it is gone already."""
+    with contextlib.suppress(SessionNotFound):
+        await native_sessions.delete_session(str(thread_id), owner, services)
+
+
+async def wait_settled(services: Services, owner: str, thread_id: UUID) -> None:
+    """Until the thread has no run in progress. It polls, more slowly as it waits, and takes
+    no notification: a background wait may lag a poll, but must not read at every token."""
+    poll = SETTLE_POLL_FIRST
+    while (await owned_thread(services, owner, str(thread_id)))["status"] in BUSY:
+        await asyncio.sleep(poll)
+        poll = min(2 * poll, SETTLE_POLL_LAST)
+
+
+async def delete_ended_stateless(services: Services) -> int:
+    """Delete the stateless threads left to delete (`on_completion: delete`) whose run has
+    ended: the retention pass's share, for an API process that did not live to do it."""
+    async with services.db.connection() as conn:
+        rows = await thread_store.ended_stateless(
+            conn, stateless_metadata("delete"), STATELESS_DELETE_GRACE, STATELESS_SWEEP_ROWS
+        )
+    for row in rows:
+        await delete_thread(services, row["owner_id"], row["id"])
+    return len(rows)
+
+
 # --- runs ------------------------------------------------------------------------------------
 
 
@@ -248,10 +290,75 @@ def run_view(row: dict[str, Any], run: fold.Run, assistant_id: str = GRAPH_ID) -
         "created_at": rfc3339(run.created_at),
         "updated_at": rfc3339(run.updated_at),
         "status": run.status,
-        "metadata": {"start_seq": run.start_seq, "end_seq": run.end_seq},
-        "multitask_strategy": "enqueue",
+        # The run create's metadata (its keys win), and where in the log the run lies.
+        "metadata": {"start_seq": run.start_seq, "end_seq": run.end_seq, **(run.metadata or {})},
+        # A run not started here (a native message) is one that messages join: enqueue.
+        "multitask_strategy": run.multitask_strategy or "enqueue",
         "kwargs": {},
     }
+
+
+def check_served(body: RunCreate, stateless: bool) -> None:
+    """Refuse, before anything is written, what a run create asks that Ferryman cannot do
+    (NOT_SERVED, saying what to use instead): each is a value other than the default."""
+    if body.interrupt_before or body.interrupt_after:
+        raise NotServed(
+            "interrupt_before and interrupt_after: Ferryman's agent has no graph nodes to stop"
+            " at; have tool calls wait for approval (approvalRequired in the run's context), or"
+            " let the agent ask (ask_user)"
+        )
+    if body.webhook:
+        raise NotServed(
+            "webhook: Ferryman does not call webhooks yet (webhooks and schedules are a later"
+            " release); follow the run with runs.join or runs.join_stream"
+        )
+    if body.after_seconds:
+        raise NotServed(
+            "after_seconds: a delayed start is not served (schedules are a later release);"
+            " create the run when it is due"
+        )
+    if stateless and requested_checkpoint(body) is not None:
+        raise NotServed(
+            "checkpoint_id of a stateless run: its new thread has no checkpoint; run on the"
+            " thread that has it"
+        )
+
+
+def requested_checkpoint(body: RunCreate) -> str | None:
+    """The checkpoint a run create names (`checkpoint_id`, or `checkpoint.checkpoint_id`)."""
+    named = (body.checkpoint or {}).get("checkpoint_id")
+    return body.checkpoint_id or (str(named) if named else None)
+
+
+async def check_checkpoint(
+    services: Services, owner: str, thread_id: UUID, body: RunCreate
+) -> None:
+    """A run starts from the thread's newest checkpoint: naming any other is NOT_SERVED (a
+    run from an earlier state is a fork of the session). Read only when one is named; a run
+    that lands after the check starts after it as any run would."""
+    wanted = requested_checkpoint(body)
+    if wanted is None:
+        return
+    _, state = await thread_and_fold(services, owner, str(thread_id))
+    head = state.head()
+    seq = fold.checkpoint_seq(wanted)
+    if head is not None and seq == head.seq:
+        return
+    known = seq is not None and any(p.seq == seq for p in state.checkpoints)
+    at = f" {{atSeq: {seq}}}" if known else ""
+    raise NotServed(
+        "checkpoint_id: a run starts from the thread's newest checkpoint only (the log is"
+        f" append-only); running from an earlier one will be a fork of the session"
+        f" (POST /api/agent/{thread_id}/fork{at}, not served yet), then a run on the new thread"
+    )
+
+
+def opening_data(body: RunCreate, strategy: str) -> dict[str, Any]:
+    """What the event that opens a run keeps of its create (`fold.runs_of` reads it back)."""
+    data: dict[str, Any] = {"multitaskStrategy": strategy}
+    if body.metadata:
+        data["runMetadata"] = body.metadata
+    return data
 
 
 def input_texts(body: RunCreate) -> list[str]:
@@ -385,19 +492,24 @@ async def start_run(
         if row["status"] in BUSY:
             await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
     named = replace(definition, title=default_title(texts[0] if texts else "resume"))
+    opening = opening_data(body, strategy)
     if resume is None and len(texts) == 1:
         # The common case, a thread's first run with one message, is one statement: no
         # transaction.
         async with services.db.connection() as conn:
-            fresh = await thread_store.start_first_run(conn, owner, thread_id, named, texts[0])
+            fresh = await thread_store.start_first_run(
+                conn, owner, thread_id, named, texts[0], opening
+            )
         if fresh is not None:
-            return fresh, _opened(thread_id, 1)
+            return fresh, _opened(thread_id, 1, body, strategy)
     async with services.db.transaction() as conn:
         # A thread's first run gives it its definition and its first message, which also
         # locks its row; any other run locks the row as it is.
         fresh = None
         if resume is None and len(texts) > 1:
-            fresh = await thread_store.start_first_run(conn, owner, thread_id, named, texts[0])
+            fresh = await thread_store.start_first_run(
+                conn, owner, thread_id, named, texts[0], opening
+            )
         row = fresh or await session_store.get_session(conn, owner, thread_id, for_update=True)
         # No run open: what is written now opens one (`fold.runs_of`).
         opens = fresh is not None or row["status"] not in BUSY
@@ -418,30 +530,37 @@ async def start_run(
             row = await thread_store.redefine(conn, thread_id, redefined)
         first: int | None = 1 if fresh is not None else None
         if resume is not None:
-            first = await _answer(conn, owner, row, resume)
+            first = await _answer(conn, owner, row, resume, opening)
         for text in texts[1:] if fresh is not None else texts:
             locked = row if first is None else None  # the row changes with each message
-            event, _ = await session_store.post_message(conn, owner, thread_id, text, locked=locked)
+            extra = opening if first is None else None  # the first event opens the run
+            event, _ = await session_store.post_message(
+                conn, owner, thread_id, text, locked=locked, extra=extra
+            )
             first = first or int(event["seq"])
         assert first is not None
         if opens:
-            return row, _opened(thread_id, first)
+            return row, _opened(thread_id, first, body, strategy)
         for run in await runs_of_thread(conn, row):
             if run.start_seq <= first and (run.end_seq is None or first <= run.end_seq):
                 return row, run
     raise RunNotFound()
 
 
-def _opened(thread_id: UUID, first: int) -> fold.Run:
+def _opened(thread_id: UUID, first: int, body: RunCreate, strategy: str) -> fold.Run:
     """The run that the event at seq `first` opened, as it starts."""
     now = datetime.now(UTC)
-    return fold.Run(fold.run_id(thread_id, first), first, None, "pending", now, now)
+    run_id = fold.run_id(thread_id, first)
+    return fold.Run(run_id, first, None, "pending", now, now, body.metadata or None, strategy)
 
 
-async def _answer(conn: Connection, owner: str, row: dict[str, Any], resume: Any) -> int:
+async def _answer(
+    conn: Connection, owner: str, row: dict[str, Any], resume: Any, opening: dict[str, Any]
+) -> int:
     """Answer the thread's pending interrupts with `resume` (one value for all, or a map by
     interrupt id): a question with a user message, an approval with its decision (the same
-    store function the native approval endpoint calls). The seq of the first event written."""
+    store function the native approval endpoint calls). The seq of the first event written,
+    which keeps `opening` in its data."""
     state = await load_fold(conn, row)
     pending = state.pending if row["status"] == Status.WAITING else {}
     if not pending:
@@ -459,13 +578,21 @@ async def _answer(conn: Connection, owner: str, row: dict[str, Any], resume: Any
             approved, reason = _decision(value)
             assert interrupt.tool_call_id is not None
             event, _ = await session_store.decide_approval(
-                conn, owner, row["id"], interrupt.tool_call_id, approved, reason
+                conn,
+                owner,
+                row["id"],
+                interrupt.tool_call_id,
+                approved,
+                reason,
+                extra=opening if first is None else None,
             )
             first = first or int(event["seq"])
         else:
             question = value
     if question is not None:
-        event, _ = await session_store.post_message(conn, owner, row["id"], _answer_text(question))
+        text = _answer_text(question)
+        extra = opening if first is None else None
+        event, _ = await session_store.post_message(conn, owner, row["id"], text, extra=extra)
         first = first or int(event["seq"])
     assert first is not None
     return first

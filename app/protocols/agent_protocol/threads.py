@@ -176,4 +176,7 @@ async def get_history_query(
 @router.post("/threads/{thread_id}/copy")
 async def copy_thread(thread_id: str, owner: ProtocolOwner, services: ServicesDep) -> None:
     await service.owned_thread(services, owner, thread_id)
-    raise NotServed("threads.copy: fork the session instead (POST /api/agent/{id}/fork)")
+    raise NotServed(
+        "threads.copy: a copy will be a fork of the session (POST /api/agent/{id}/fork, not"
+        " served yet)"
+    )

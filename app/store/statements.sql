@@ -147,7 +147,7 @@ assistant_version;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
-WHERE deleted_at IS NULL AND metadata @> %(marker)s::jsonb
+WHERE deleted_at IS NULL AND metadata @> '{"stateless": true, "on_completion": "delete"}'::jsonb
   AND status NOT IN ('queued', 'running') AND updated_at < clock_timestamp() - %(grace)s
 ORDER BY updated_at LIMIT %(limit)s;
 

@@ -4,6 +4,7 @@ with its agent definition, and the log positions that bound its runs."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -226,24 +227,23 @@ async def run_marks(conn: Connection, session_id: UUID) -> list[dict[str, Any]]:
     return await cur.fetchall()
 
 
-# Stateless threads to delete (metadata `on_completion: delete`) whose run has ended at least
-# `grace` ago, oldest first: the delete their run's API process would have done, had it lived.
+# The metadata of a stateless thread to delete once its run ended (`on_completion: delete`).
+STATELESS_TO_DELETE = {"stateless": True, "on_completion": "delete"}
+# Those whose run ended at least `grace` ago, oldest first: the delete their run's API process
+# would have done, had it lived. The marker is a literal, as the partial index (migration
+# 0012) that finds them has it.
 _ENDED_STATELESS = statement(
     "ended_stateless_threads",
-    """
+    f"""
     SELECT id, owner_id FROM sessions
-    WHERE deleted_at IS NULL AND metadata @> %(marker)s::jsonb
+    WHERE deleted_at IS NULL AND metadata @> '{json.dumps(STATELESS_TO_DELETE)}'::jsonb
       AND status NOT IN ('queued', 'running') AND updated_at < clock_timestamp() - %(grace)s
     ORDER BY updated_at LIMIT %(limit)s
     """,
 )
 
 
-async def ended_stateless(
-    conn: Connection, marker: dict[str, Any], grace: timedelta, limit: int
-) -> list[dict[str, Any]]:
-    """Sessions (id, owner_id) whose metadata holds `marker`, not busy, unchanged for `grace`."""
-    cur = await conn.execute(
-        _ENDED_STATELESS, {"marker": Jsonb(marker), "grace": grace, "limit": limit}
-    )
+async def ended_stateless(conn: Connection, grace: timedelta, limit: int) -> list[dict[str, Any]]:
+    """Stateless threads to delete (id, owner_id), not busy, unchanged for `grace`."""
+    cur = await conn.execute(_ENDED_STATELESS, {"grace": grace, "limit": limit})
     return await cur.fetchall()

@@ -232,7 +232,9 @@ async def create_idle_thread(
 
 
 def stateless_metadata(on_completion: str | None) -> dict[str, Any]:
-    return {**STATELESS, "on_completion": on_completion or "delete"}
+    if on_completion in (None, "delete"):
+        return dict(thread_store.STATELESS_TO_DELETE)
+    return {**STATELESS, "on_completion": on_completion}
 
 
 async def delete_thread(services: Services, owner: str, thread_id: UUID) -> None:
@@ -255,7 +257,7 @@ async def delete_ended_stateless(services: Services) -> int:
     ended: the retention pass's share, for an API process that did not live to do it."""
     async with services.db.connection() as conn:
         rows = await thread_store.ended_stateless(
-            conn, stateless_metadata("delete"), STATELESS_DELETE_GRACE, STATELESS_SWEEP_ROWS
+            conn, STATELESS_DELETE_GRACE, STATELESS_SWEEP_ROWS
         )
     for row in rows:
         await delete_thread(services, row["owner_id"], row["id"])

@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     # Local mode answers only local pages: loopback Host names, and these extra ones (a name
     # in /etc/hosts that points to 127.0.0.1, say), comma-separated.
     local_hosts: str = ""
+    # Browser pages of these origins may call the API (CORS), comma-separated: a frontend
+    # served from elsewhere (Agent Chat UI on its own port, say). Empty: only same-origin pages.
+    cors_origins: str = ""
     # /metrics in keys mode: unset, it wants an API key; set, this bearer token instead.
     metrics_token: SecretStr | None = None
 

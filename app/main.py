@@ -13,6 +13,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from app import __version__, web
@@ -27,6 +28,13 @@ from app.runtime.worker import Worker
 from app.services import Services, calm_garbage_collector
 from app.store import retention
 from app.store.notify import RUNS_CHANNEL, STREAMS_CHANNEL
+
+# What a page of another origin may read of a response beyond the simple headers: where a
+# created or streaming resource is (the LangGraph SDKs follow Content-Location to rejoin a
+# run), a list's next page, when to retry.
+CORS_EXPOSED_HEADERS = ["Location", "Content-Location", "X-Pagination-Next", "Retry-After"]
+# How long a browser may keep a preflight's answer, in seconds.
+CORS_MAX_AGE = 600
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +119,16 @@ def create_app(
     if settings.auth_mode == "local":
         # Outside the rest: a request local mode refuses reaches nothing else.
         app.add_middleware(LocalOnly, extra_hosts=settings.local_hosts.split(","))
+    if settings.cors_origins:
+        # Outside the rest, so a preflight is answered before anything else looks at it.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=[o.strip() for o in settings.cors_origins.split(",") if o.strip()],
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=CORS_EXPOSED_HEADERS,
+            max_age=CORS_MAX_AGE,
+        )
     app.add_middleware(ServerSend)  # outside every middleware that wraps `send` or `receive`
     return app
 

@@ -125,6 +125,8 @@ SETTINGS: dict[str, str] = {
     "max_event_bytes": "Model text and tool output beyond this are cut, with a marker, before"
     " they are logged (a user message never is).",
     "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
+    "cors_origins": "Origins (`https://app.example.com`) whose browser pages may call the API"
+    " (CORS), comma-separated; `*` for any. Keys travel in headers, never cookies.",
     "metrics_token": "In keys mode `/metrics` wants this bearer token; unset, any API key.",
     "owner_event_retention_days": "Owner events older than this are pruned (the newest is kept).",
     "deleted_session_retention_days": "Soft-deleted sessions are purged after this.",

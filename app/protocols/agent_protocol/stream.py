@@ -19,6 +19,7 @@ from app.api.streams import session_source
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.protocols.agent_protocol import fold
 from app.services import Services
+from app.store.deltas import CLOSING_TYPES
 from app.streams.feed import Follower, StoredChunks
 from app.streams.frames import PING, Ephemeral, Event, retry, sse_frame
 from app.streams.sse import DirectWrites, wait_any
@@ -54,6 +55,7 @@ class RunStream:
         self.events = events
         self.state = fold.ThreadFold(row["id"], model=row["model"], run=run.id)
         self.cursor = 0  # the last log event folded
+        self.last_type = ""  # its type
         self.ended = False
         self.seen: tuple[int, int] = (0, 0)  # the last numbered chunk folded: (after, chunk)
         self.unnumbered: dict[int, int] = {}  # protocol events of unnumbered chunks, by after
@@ -80,6 +82,7 @@ class RunStream:
             metadata = {"run_id": self.run.id, "attempt": envelope["attempt"]}
             produced.insert(0, ("metadata", metadata))
         self.cursor = seq
+        self.last_type = envelope["type"]
         frames = []
         for j, (name, data) in enumerate(produced):
             frame = self._out(name, data, (seq, 0, j))
@@ -138,8 +141,9 @@ class RunStream:
                 self.half_seen = delta
 
     async def open_turn(self, chunks: StoredChunks | None) -> list[bytes]:
-        """The stored chunks of the turn open at the log's head, not folded yet."""
-        if chunks is None or self.ended:
+        """The stored chunks of the turn open at the log's head, not folded yet. No turn is
+        open at the start of the log, nor right after one closed: no read then."""
+        if chunks is None or self.ended or not self.cursor or self.last_type in CLOSING_TYPES:
             return []
         seen_seq, seen_chunk = self.seen if self.seen[0] else (self.cursor, 0)
         turn = await chunks.open_turn(self.cursor, seen_seq, seen_chunk)

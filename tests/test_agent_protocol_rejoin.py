@@ -111,6 +111,12 @@ def messages_text(parts: list[StreamPart]) -> dict[str, str]:
     return texts
 
 
+def outline(parts: list[Part]) -> str:
+    return " ".join(
+        f"{i}:{e}" + (f":{d[0]['content']!r}" if e == "messages" else "") for i, e, d in parts
+    )
+
+
 def check_join(
     original: list[StreamPart],
     joined: list[StreamPart],
@@ -118,14 +124,17 @@ def check_join(
     closed: set[str],
     texts: dict[str, str],
 ) -> None:
-    label = f"joined after {cut}: " + " ".join(f"{p.id}:{p.event}" for p in joined)
-    assert triples(joined) == expected_after(original, cut, closed, texts), label
+    """`joined` (from id `cut`) against the run's own stream, `original`: the same events, and
+    each AI message's text once, counting the chunks the client had before `cut`."""
+    expected = expected_after(original, cut, closed, texts)
+    label = f"after {cut}: got {outline(triples(joined))}; expected {outline(expected)}"
+    assert triples(joined) == expected, label
     if any(p.event == "messages" for p in original):
         start = 0 if cut is None else [p.id for p in original].index(cut) + 1
-        before = original[:start]
-        # A message whose chunks were cut keeps the prefix the client had.
-        whole = messages_text([p for p in before if token(p) or final_chunk(p)] + joined)
-        assert {m: whole[m] for m in whole} == {m: texts[m] for m in whole}, label
+        had = [p for p in original[:start] if token(p) or final_chunk(p)]
+        whole = messages_text(had + joined)
+        assert set(whole) == set(messages_text(original)), label
+        assert whole == {m: texts[m] for m in whole}, label
 
 
 @pytest.mark.parametrize("modes", MODE_SETS, ids=["+".join(m) for m in MODE_SETS])

@@ -39,7 +39,13 @@ SCRIPT = [
     # Run 2: one slow turn, open while the joins are made.
     {"text": SLOW, "chunks": 40, "delayMs": 24000},
 ]
-MODE_SETS = [["values", "messages-tuple"], ["events"], ["updates", "messages-tuple"]]
+# The last: a chunk's `messages` id followed by its `events` twin, and every other event.
+MODE_SETS = [
+    ["values", "messages-tuple"],
+    ["events"],
+    ["updates", "messages-tuple"],
+    ["values", "updates", "messages-tuple", "events", "custom"],
+]
 
 Part = tuple[str | None, str, Any]
 

@@ -182,8 +182,8 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_STORED_CHUNKS_PER_TURN": "Token chunks (a worker's flushes) of one turn kept for"
     " reconnects; the turn's later chunks are sent live only (its message has the whole text).",
     "MAX_CHUNK_AGE_SECONDS": "Stored token chunks older than this are deleted (swept every 30 s"
-    " by a worker's flush), whether or not their turn ended; a turn's chunks also go when the"
-    " session's next turn streams.",
+    " by a worker's flush), whether or not their turn ended: until then a join from a chunk's"
+    " id gets the rest of its turn.",
 }
 
 # The status each code answers with (None: whichever HTTP error status it stands for).

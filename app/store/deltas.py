@@ -5,10 +5,13 @@ reads the chunks of the open turn its client missed.
 A chunk is `(session, afterSeq, chunk)`: one flush of one session's text, numbered 1, 2, 3...
 for each afterSeq (a turn's text follows one event of its run: all its chunks share it). A
 turn's chunks are obsolete once its end is logged (`assistant_message` or `model_retry`, which
-carry or drop its text) or its run ended (`session_end`); they are deleted when the session's
-next turn streams (`replaced` below), and every chunk older than MAX_CHUNK_AGE_SECONDS by the
-sweep a flush carries every SWEEP_SECONDS. A turn stores at most MAX_STORED_CHUNKS_PER_TURN
-chunks (those after are still sent live): rows stay under streaming sessions x that."""
+carry or drop its text) or its run ended (`session_end`), but they stay until the sweep a flush
+carries every SWEEP_SECONDS deletes every chunk older than MAX_CHUNK_AGE_SECONDS: a client that
+saw some of a closed turn's chunks (an earlier turn of the run, or a run before the one now
+streaming) and joins again from one of their ids gets exactly the rest of that turn, not its
+whole text again. A turn stores at most MAX_STORED_CHUNKS_PER_TURN chunks (those after are
+still sent live): rows stay under the chunks flushed in the last MAX_CHUNK_AGE_SECONDS +
+SWEEP_SECONDS."""
 
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ from app.store.statements import statement
 # Chunks of one turn kept for reconnects; a longer turn's later chunks are sent live only.
 MAX_STORED_CHUNKS_PER_TURN = 3000
 # A chunk older than this is deleted whether or not its turn ended (the last turn of an idle
-# session, a deleted session's, a worker's that died mid-turn).
-MAX_CHUNK_AGE_SECONDS = 900
+# session, a deleted session's, a worker's that died mid-turn): the table holds what the
+# workers flushed in this time (docs/performance.md puts it at about 150 bytes a chunk, a
+# streaming session flushing up to 10 a second).
+MAX_CHUNK_AGE_SECONDS = 300
 # How often (at most, per worker) a flush also sweeps the chunks past MAX_CHUNK_AGE_SECONDS.
 SWEEP_SECONDS = 30.0
 
@@ -53,8 +58,8 @@ class Chunk:
 
 
 # One statement, so one round trip and one transaction whatever a flush carries: the chunks are
-# stored exactly when their NOTIFY is sent (a reader that heard of one can read it), a session's
-# earlier turns go when its next one stores its first chunk, and the notifications go out.
+# stored exactly when their NOTIFY is sent (a reader that heard of one can read it), and the
+# notifications go out.
 _PUBLISH = """
     WITH chunk AS (
         SELECT * FROM unnest(
@@ -64,9 +69,6 @@ _PUBLISH = """
         INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
         SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
         ON CONFLICT DO NOTHING
-    ), replaced AS (
-        DELETE FROM session_deltas d USING chunk c
-        WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
     ){sweep}
     SELECT pg_notify('{channel}', payload) FROM unnest(%(payloads)b::text[]) AS payload
 """

@@ -283,9 +283,6 @@ WITH chunk AS (
     INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
     SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
     ON CONFLICT DO NOTHING
-), replaced AS (
-    DELETE FROM session_deltas d USING chunk c
-    WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
 )
 SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
 
@@ -298,9 +295,6 @@ WITH chunk AS (
     INSERT INTO session_deltas (session_id, after_seq, chunk, text, created_at)
     SELECT session_id, after_seq, chunk, text, %(ts)s FROM chunk
     ON CONFLICT DO NOTHING
-), replaced AS (
-    DELETE FROM session_deltas d USING chunk c
-    WHERE c.chunk = 1 AND d.session_id = c.session_id AND d.after_seq < c.after_seq
 ), swept AS (
     DELETE FROM session_deltas WHERE created_at < %(ts)s - %(max_age)s * interval '1 second'
 )

@@ -17,6 +17,7 @@ from typing import Any
 
 from app.api.streams import session_source
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.domain import SessionEventType
 from app.protocols.agent_protocol import fold
 from app.services import Services
 from app.store.deltas import CLOSING_TYPES
@@ -60,9 +61,11 @@ class RunStream:
         self.seen: tuple[int, int] = (0, 0)  # the last numbered chunk folded: (after, chunk)
         self.unnumbered: dict[int, int] = {}  # protocol events of unnumbered chunks, by after
         self.deltas: list[Ephemeral] = []
-        # The chunk whose `messages` event the client saw last but not its `events` twin: sent
-        # once the event it follows is folded (its metadata counts the steps up to there).
-        self.half_seen: Ephemeral | None = None
+        # The stored chunks of the turn the client left in the middle of, from the one whose
+        # `messages` event it saw last but not its `events` twin: sent once the event they
+        # follow is folded (their metadata counts the steps up to there), whether or not the
+        # turn has ended since, as its own stream sent them.
+        self.resumed: list[Ephemeral] = []
 
     def _out(self, name: str, data: Any, position: fold.Position) -> bytes | None:
         if name == "end":
@@ -77,20 +80,21 @@ class RunStream:
         envelope = _frame_data(event.live)
         seq = event.id
         in_run = seq >= self.run.start_seq and not self.ended
+        frames = self._last_piece(envelope) if in_run else []
         produced = self.state.apply(envelope, in_run)
         if seq == self.run.start_seq:
             metadata = {"run_id": self.run.id, "attempt": envelope["attempt"]}
             produced.insert(0, ("metadata", metadata))
         self.cursor = seq
         self.last_type = envelope["type"]
-        frames = []
         for j, (name, data) in enumerate(produced):
             frame = self._out(name, data, (seq, 0, j))
             if frame is not None:
                 frames.append(frame)
-        if self.half_seen is not None and self.half_seen.after == seq:
-            frames.extend(self.chunk(self.half_seen))
-            self.half_seen = None
+        if self.resumed and self.resumed[0].after == seq:
+            for delta in self.resumed:
+                frames.extend(self.chunk(delta))
+            self.resumed = []
         return frames
 
     def chunk(self, delta: Ephemeral) -> list[bytes]:
@@ -98,21 +102,38 @@ class RunStream:
         the turn after event a gives ids a.2c-1 and a.2c, where a is the last event sent when
         that is later than the turn's (another writer's event, such as a steering message,
         came while it streamed), so that ids only ever grow."""
-        place = max(delta.after, self.cursor)
         text = _frame_data(delta.frame).get("data", {}).get("text", "")
+        return self._chunk(delta.after, delta.chunk, text)
+
+    def _chunk(self, after: int, number: int, text: str) -> list[bytes]:
+        place = max(after, self.cursor)
         frames = []
-        for j, (name, data) in enumerate(self.state.chunk(delta.after, text)):
-            if delta.chunk:
-                k = 2 * (delta.chunk - 1) + j + 1
+        for j, (name, data) in enumerate(self.state.chunk(after, text)):
+            if number:
+                k = 2 * (number - 1) + j + 1
             else:
                 k = self.unnumbered.get(place, _UNNUMBERED) + 1
                 self.unnumbered[place] = k
             frame = self._out(name, data, (place, 1, k))
             if frame is not None:
                 frames.append(frame)
-        if delta.chunk:
-            self.seen = (delta.after, delta.chunk)
+        if number:
+            self.seen = (after, number)
         return frames
+
+    def _last_piece(self, envelope: dict[str, Any]) -> list[bytes]:
+        """Before the message that ends a turn this stream sent chunks of: the turn's last
+        piece, as the chunk it was (the worker sends it with the message, numbered after the
+        others, and does not store it: app/runtime/deltas.py), when the stream has not had it,
+        so that a stream that resumed inside the turn sends what the live one did."""
+        after = self.state.last_written
+        if envelope["type"] != SessionEventType.ASSISTANT_MESSAGE or self.seen[0] != after:
+            return []
+        text = str(envelope["data"].get("text") or "")
+        streamed = self.state.streamed.get(after, "")
+        if len(text) <= len(streamed) or not text.startswith(streamed):
+            return []
+        return self._chunk(after, self.seen[1] + 1, text[len(streamed) :])
 
     def _sendable(self, delta: Ephemeral) -> bool:
         return not (
@@ -125,9 +146,11 @@ class RunStream:
 
     async def seen_before(self, chunks: StoredChunks | None) -> None:
         """Fold in the stored chunks the client saw before it reconnected, so the turn's last
-        chunk carries only the text it has not had. A chunk's cursor: the chunks up to it (the
-        one it names may have had only its `messages` event sent, not its `events` twin); a
-        durable event's: every chunk of the turn open just before that event."""
+        chunk carries only the text it has not had, and keep the turn's others to send. A
+        chunk's cursor: the chunks up to it (the one it names may have had only its `messages`
+        event sent, not its `events` twin); a durable event's: every chunk of the turn open
+        just before that event. The turn of a chunk's cursor is read even if it has ended
+        since (the store keeps its chunks: app/store/deltas.py)."""
         if chunks is None or self.after is None:
             return
         seq, is_chunk, k = self.after
@@ -137,8 +160,8 @@ class RunStream:
         for delta in turn[1]:
             if not is_chunk or delta.chunk <= k // 2:
                 self.chunk(delta)
-            elif delta.chunk == (k + 1) // 2:
-                self.half_seen = delta
+            else:
+                self.resumed.append(delta)
 
     async def open_turn(self, chunks: StoredChunks | None) -> list[bytes]:
         """The stored chunks of the turn open at the log's head, not folded yet. No turn is

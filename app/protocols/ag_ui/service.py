@@ -1,0 +1,152 @@
+"""What AG-UI's routes do over sessions: the caller's thread (made on first use), the new user
+messages of the history AG-UI resends, resume entries as the answers to pending interrupts,
+and a run started as the Agent Protocol starts one (`agent_protocol.service.start_run`: the
+same definition rules, the same store writes as the native message and approval endpoints).
+SQL stays in store/; this module decides."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from app.domain import Status
+from app.errors import InputNotSupported, NoPendingInterrupt
+from app.protocols.ag_ui.fold import METADATA_KEY, AgUiFold
+from app.protocols.ag_ui.schemas import ResumeEntry, RunAgentInput
+from app.protocols.agent_protocol import fold
+from app.protocols.agent_protocol import service as agent_service
+from app.protocols.agent_protocol.schemas import Command, RunCreate
+from app.services import Services
+from app.store import events as event_store
+from app.store import sessions as session_store
+from app.streams.frames import session_envelope
+
+# Where app/main.py mounts the protocol.
+PREFIX = "/ag-ui"
+# The key of `forwardedProps` whose object gives the agent definition (docs/ag-ui.md): the
+# Agent Protocol's definition fields (model, script, tools, instructions, modelSettings,
+# approvalRequired), checked as a native create body.
+DEFINITION_KEY = "ferryman"
+# A question's answer when its resume entry is `cancelled`: the agent reads it as any answer.
+DECLINED = "(the user declined to answer)"
+
+
+async def thread_of(services: Services, owner: str, thread_id: str) -> tuple[UUID, bool]:
+    """The caller's session `thread_id`, made idle on first use (SessionNotFound for an id
+    that is not a UUID or another owner's session, which `start_run` reads as no one's);
+    whether it was made now."""
+    sid = agent_service.parse_thread_id(thread_id)
+    async with services.db.transaction() as conn:
+        if await session_store.session_row(conn, sid) is not None:
+            return sid, False
+        await agent_service.create_idle_thread(conn, owner, services, sid, {"protocol": "ag-ui"})
+    return sid, True
+
+
+async def thread_fold(services: Services, owner: str, sid: UUID) -> tuple[dict[str, Any], AgUiFold]:
+    """The session's row and its log folded, in one snapshot."""
+    async with services.db.transaction() as conn:
+        await session_store.read_one_snapshot(conn)
+        row = await session_store.get_session(conn, owner, sid)
+        state = AgUiFold(row["id"], model=row["model"])
+        async for rows in event_store.session_event_pages(
+            conn,
+            row["id"],
+            int(row["last_seq"]),
+            limit=agent_service.LOG_PAGE_ROWS,
+            max_bytes=agent_service.LOG_PAGE_BYTES,
+        ):
+            for event in rows:
+                state.apply(session_envelope(event), in_run=False)
+    return row, state
+
+
+def new_user_messages(state: AgUiFold, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user messages of `messages` the log does not hold yet: those after the last
+    message whose id it knows (its own ids, and the ids of the user messages AG-UI sent
+    before), whose ids it does not know."""
+    ids = [str(m.get("id")) for m in messages]
+    last = max((i for i, mid in enumerate(ids) if mid in state.known), default=-1)
+    return [
+        m
+        for m, mid in zip(messages[last + 1 :], ids[last + 1 :], strict=True)
+        if m.get("role") == "user" and mid not in state.known
+    ]
+
+
+def resume_answers(
+    row: dict[str, Any], state: AgUiFold, entries: list[ResumeEntry]
+) -> dict[str, Any]:
+    """The Agent Protocol's `command.resume` map (by interrupt id) of AG-UI resume entries."""
+    pending = state.pending if row["status"] == Status.WAITING else {}
+    unknown = sorted({e.interruptId for e in entries} - set(pending))
+    if unknown:
+        raise NoPendingInterrupt(
+            f"resume names interrupts that are not pending: {', '.join(unknown)}",
+            interruptIds=unknown,
+        )
+    return {e.interruptId: _answer(pending[e.interruptId], e) for e in entries}
+
+
+def _answer(interrupt: fold.Interrupt, entry: ResumeEntry) -> Any:
+    """An approval: approved unless cancelled, a payload of true/false or {approved,
+    reason} deciding; a question: its payload's text, DECLINED when cancelled."""
+    if interrupt.kind == "approval":
+        if entry.status == "cancelled":
+            return {"approved": False, "reason": "cancelled"}
+        return True if entry.payload is None else entry.payload
+    if entry.status == "cancelled":
+        return DECLINED
+    if entry.payload is None:
+        raise InputNotSupported("a resolved question needs its answer as payload", "resume")
+    return entry.payload
+
+
+def _definition(body: RunAgentInput) -> dict[str, Any] | None:
+    props = body.forwardedProps
+    given = props.get(DEFINITION_KEY) if isinstance(props, dict) else None
+    if given is not None and not isinstance(given, dict):
+        raise InputNotSupported(
+            f"forwardedProps.{DEFINITION_KEY} must be an object", "forwardedProps"
+        )
+    return given
+
+
+async def start(
+    services: Services, owner: str, assistant_id: str, body: RunAgentInput
+) -> tuple[dict[str, Any], fold.Run]:
+    """Start the run `body` asks for on its thread: its new user messages and its resume
+    entries written as the run's first events (a thread with a run in progress: THREAD_BUSY)."""
+    sid, made = await thread_of(services, owner, body.threadId)
+    try:
+        return await _start(services, owner, assistant_id, sid, body)
+    except Exception:
+        if made:  # a refused first run leaves no thread behind
+            await agent_service.delete_thread(services, owner, sid)
+        raise
+
+
+async def _start(
+    services: Services, owner: str, assistant_id: str, sid: UUID, body: RunAgentInput
+) -> tuple[dict[str, Any], fold.Run]:
+    row, state = await thread_fold(services, owner, sid)
+    new = new_user_messages(state, body.messages)
+    resume = resume_answers(row, state, body.resume) if body.resume else None
+    if not new and resume is None:
+        raise InputNotSupported(
+            "a run needs a user message the thread does not have yet in `messages`, or"
+            " `resume` entries for its pending interrupts",
+            "messages",
+        )
+    ids = [str(m.get("id")) for m in new]
+    run = RunCreate(
+        assistant_id=assistant_id,
+        input={"messages": [{"role": "user", "content": m.get("content")} for m in new]}
+        if new
+        else None,
+        command=Command(resume=resume) if resume is not None else None,
+        metadata={METADATA_KEY: {"runId": body.runId, "messageIds": ids}},
+        context=_definition(body),
+        multitask_strategy="reject",
+    )
+    return await agent_service.start_run(services, owner, sid, run)

@@ -2,12 +2,13 @@
 by the protocol's own Python types (`ag-ui-protocol`): text streamed token by token, a tool call
 with its result, an approval ending the run as an interrupt and answered through `resume`, a
 provider retry as a CUSTOM event, the history AG-UI resends matched rather than posted again,
-a stored assistant's endpoint, and what is refused."""
+a worker crash taken over mid-run, a stored assistant's endpoint, and what is refused."""
 
 from __future__ import annotations
 
+import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -67,12 +68,23 @@ def user(text: str) -> dict[str, Any]:
     return {"id": str(uuid.uuid4()), "role": "user", "content": text}
 
 
-async def run(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[Any]:
-    """The run's events, each parsed by AG-UI's types; checked in the protocol's order."""
+async def run(
+    http: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    on_event: Callable[[Any], Awaitable[None]] | None = None,
+) -> list[Any]:
+    """The run's events, each parsed by AG-UI's types (`on_event` sees each as it comes);
+    checked in the protocol's order."""
+    events = []
     async with aconnect_sse(http, "POST", path, json=body) as source:
         assert source.response.status_code == 200, await source.response.aread()
         assert source.response.headers["content-type"].startswith("text/event-stream")
-        events = [EVENT.validate_json(e.data) async for e in source.aiter_sse() if e.data]
+        async for sse in source.aiter_sse():
+            if sse.data:
+                events.append(EVENT.validate_json(sse.data))
+                if on_event is not None:
+                    await on_event(events[-1])
     assert_ordered(events, body)
     return events
 
@@ -216,6 +228,59 @@ async def test_an_approval_is_an_interrupt_answered_through_resume(
     assert finished.outcome.type == "success"
     decided = [e for e in await transcript(http, tid) if e["type"] == "tool_approval_decided"]
     assert [d["data"]["approved"] for d in decided] == [True]
+
+
+async def test_a_question_is_an_interrupt_answered_through_resume(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = str(uuid.uuid4())
+    script = [
+        {"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which color?"}}]},
+        {"text": "Blue it is."},
+    ]
+    first = user("paint")
+    events = await run(
+        http, "/ag-ui/agent", run_input(tid, [first], forwardedProps=scripted(script))
+    )
+    finished = events[-1]
+    assert isinstance(finished, RunFinishedEvent) and finished.outcome is not None
+    assert finished.outcome.type == "interrupt"
+    [interrupt] = finished.outcome.interrupts
+    assert interrupt.reason == "question" and interrupt.message == "Which color?"
+    answer = {"interruptId": interrupt.id, "status": "resolved", "payload": "blue"}
+    events = await run(http, "/ag-ui/agent", run_input(tid, [first], resume=[answer]))
+    assert streamed_text(events) == "Blue it is."
+    users = [e["data"]["text"] for e in await transcript(http, tid) if e["type"] == "user_message"]
+    assert users == ["paint", "blue"]
+
+
+async def test_a_worker_crash_mid_run_goes_on_from_the_log(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    worker = start_worker()
+    await ready(worker)
+    tid = str(uuid.uuid4())
+    script = [
+        {"toolCalls": [{"name": "sleep", "arguments": {"seconds": 4}}]},
+        {"text": "Back again."},
+    ]
+
+    async def crash(event: Any) -> None:
+        if isinstance(event, CustomEvent) and event.name == "tool_call_start":
+            worker.stop(signal.SIGKILL)  # mid-sleep
+            await ready(start_worker())
+
+    body = run_input(tid, [user("nap")], forwardedProps=scripted(script))
+    events = await run(http, "/ag-ui/agent", body, crash)
+    names = [c.name for c in of(events, CustomEvent)]
+    assert "session_resumed" in names
+    # The interrupted call answered (by the takeover's repair), every call once, and the
+    # run went on.
+    calls = [c.tool_call_id for c in of(events, ToolCallStartEvent)]
+    assert [r.tool_call_id for r in of(events, ToolCallResultEvent)] == calls
+    assert streamed_text(events) == "Back again."
+    assert isinstance(events[-1], RunFinishedEvent)
 
 
 async def test_a_provider_retry_is_a_custom_event(

@@ -319,7 +319,9 @@ async def test_a_stored_assistant_and_what_is_refused(
         assert_problem(await stranger.post("/ag-ui/agent", json=taken), 404, "SESSION_NOT_FOUND")
         named = run_input("not-a-uuid", [user("x")])
         assert_problem(await stranger.post("/ag-ui/agent", json=named), 404, "SESSION_NOT_FOUND")
-    # The refused run left no thread behind.
+    # The refused run left no thread behind, and its id serves the next try.
     assert_problem(await http.get(f"/api/agent/{body['threadId']}"), 404, "SESSION_NOT_FOUND")
+    events = await run(http, f"/ag-ui/assistants/{assistant}", body)
+    assert streamed_text(events) == "You said: x"
     async with client(api.url, "fm_not_a_key") as unknown:
         assert_problem(await unknown.post("/ag-ui/agent", json=body), 401, "INVALID_API_KEY")

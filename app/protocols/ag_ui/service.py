@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from psycopg.errors import UniqueViolation
+
 from app.domain import Status
 from app.errors import InputNotSupported, NoPendingInterrupt
 from app.protocols.ag_ui.fold import METADATA_KEY, AgUiFold
@@ -31,16 +33,23 @@ DEFINITION_KEY = "ferryman"
 DECLINED = "(the user declined to answer)"
 
 
-async def thread_of(services: Services, owner: str, thread_id: str) -> tuple[UUID, bool]:
-    """The caller's session `thread_id`, made idle on first use (SessionNotFound for an id
-    that is not a UUID or another owner's session, which `start_run` reads as no one's);
-    whether it was made now."""
-    sid = agent_service.parse_thread_id(thread_id)
-    async with services.db.transaction() as conn:
+async def thread_of(services: Services, owner: str, assistant_id: str, body: RunAgentInput) -> UUID:
+    """The caller's session `body.threadId`, made idle on first use once the definition the
+    run gives checks out (so a refused first run leaves no session behind, and the same id
+    works when the client tries again). SessionNotFound for an id that is not a UUID; another
+    owner's session is no one's to `start_run`."""
+    sid = agent_service.parse_thread_id(body.threadId)
+    async with services.db.connection() as conn:
         if await session_store.session_row(conn, sid) is not None:
-            return sid, False
-        await agent_service.create_idle_thread(conn, owner, services, sid, {"protocol": "ag-ui"})
-    return sid, True
+            return sid
+    await agent_service.definition_of(services, owner, _run_create(assistant_id, body))
+    try:
+        async with services.db.transaction() as conn:
+            metadata = {"protocol": "ag-ui"}
+            await agent_service.create_idle_thread(conn, owner, services, sid, metadata)
+    except UniqueViolation:
+        pass  # a concurrent first run made it: whose it is, start_run reads
+    return sid
 
 
 async def thread_fold(services: Services, owner: str, sid: UUID) -> tuple[dict[str, Any], AgUiFold]:
@@ -112,23 +121,21 @@ def _definition(body: RunAgentInput) -> dict[str, Any] | None:
     return given
 
 
+def _run_create(assistant_id: str, body: RunAgentInput, **more: Any) -> RunCreate:
+    return RunCreate(
+        assistant_id=assistant_id,
+        context=_definition(body),
+        multitask_strategy="reject",
+        **more,
+    )
+
+
 async def start(
     services: Services, owner: str, assistant_id: str, body: RunAgentInput
 ) -> tuple[dict[str, Any], fold.Run]:
     """Start the run `body` asks for on its thread: its new user messages and its resume
     entries written as the run's first events (a thread with a run in progress: THREAD_BUSY)."""
-    sid, made = await thread_of(services, owner, body.threadId)
-    try:
-        return await _start(services, owner, assistant_id, sid, body)
-    except Exception:
-        if made:  # a refused first run leaves no thread behind
-            await agent_service.delete_thread(services, owner, sid)
-        raise
-
-
-async def _start(
-    services: Services, owner: str, assistant_id: str, sid: UUID, body: RunAgentInput
-) -> tuple[dict[str, Any], fold.Run]:
+    sid = await thread_of(services, owner, assistant_id, body)
     row, state = await thread_fold(services, owner, sid)
     new = new_user_messages(state, body.messages)
     resume = resume_answers(row, state, body.resume) if body.resume else None
@@ -138,15 +145,14 @@ async def _start(
             " `resume` entries for its pending interrupts",
             "messages",
         )
-    ids = [str(m.get("id")) for m in new]
-    run = RunCreate(
-        assistant_id=assistant_id,
-        input={"messages": [{"role": "user", "content": m.get("content")} for m in new]}
-        if new
-        else None,
+    messages = [{"role": "user", "content": m.get("content")} for m in new]
+    run = _run_create(
+        assistant_id,
+        body,
+        input={"messages": messages} if new else None,
         command=Command(resume=resume) if resume is not None else None,
-        metadata={METADATA_KEY: {"runId": body.runId, "messageIds": ids}},
-        context=_definition(body),
-        multitask_strategy="reject",
+        metadata={
+            METADATA_KEY: {"runId": body.runId, "messageIds": [str(m.get("id")) for m in new]}
+        },
     )
     return await agent_service.start_run(services, owner, sid, run)

@@ -2,7 +2,8 @@
 // (tests/test_ag_ui_js.py starts it): its event verifier sees every event of each run, and any
 // event out of the protocol's order fails the run. Text token by token, a tool call with its
 // result, an approval ending the run as an interrupt answered through `resume`, and a provider
-// retry as a CUSTOM event.
+// retry as a CUSTOM event, and a worker SIGKILLed mid-tool (asked of tests/test_ag_ui_js.py's
+// control server, FERRYMAN_CONTROL_URL), the stream going on from the log.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -11,6 +12,7 @@ import { HttpAgent } from "@ag-ui/client";
 
 const BASE = process.env.FERRYMAN_URL;
 const KEY = process.env.FERRYMAN_API_KEY;
+const CONTROL = process.env.FERRYMAN_CONTROL_URL;
 const HEADERS = { Authorization: `Bearer ${KEY}` };
 
 function agent() {
@@ -25,12 +27,14 @@ function say(agent, text) {
   agent.addMessage({ id: randomUUID(), role: "user", content: text });
 }
 
-// The run's events as the client's pipeline (verifier included) delivered them.
-async function run(agent, params = {}) {
+// The run's events as the client's pipeline (verifier included) delivered them; `onEvent`
+// sees each as it comes.
+async function run(agent, params = {}, onEvent = () => {}) {
   const events = [];
   const result = await agent.runAgent(params, {
     onEvent: ({ event }) => {
       events.push(event);
+      onEvent(event);
     },
   });
   assert.equal(events[0].type, "RUN_STARTED");
@@ -128,5 +132,29 @@ test("a provider retry is a CUSTOM event named after Ferryman's", async () => {
     forwardedProps: scripted([{ text: "Fine now.", chunks: 3, fault: { kind: "server_error" } }]),
   });
   assert.ok(ofType(events, "CUSTOM").some((e) => e.name === "model_retry"));
+  assert.equal(events.at(-1).type, "RUN_FINISHED");
+});
+
+test("a worker SIGKILLed mid-tool: the stream goes on from the log", async () => {
+  const a = agent();
+  say(a, "nap");
+  const script = [
+    { toolCalls: [{ name: "sleep", arguments: { seconds: 4 } }] },
+    { text: "Back again." },
+  ];
+  let killed;
+  const { events } = await run(a, { forwardedProps: scripted(script) }, (event) => {
+    if (event.type === "CUSTOM" && event.name === "tool_call_start" && !killed) {
+      killed = fetch(`${CONTROL}/kill-worker`, { method: "POST" });
+    }
+  });
+  assert.equal((await killed).status, 200);
+  assert.ok(ofType(events, "CUSTOM").some((e) => e.name === "session_resumed"));
+  const calls = ofType(events, "TOOL_CALL_START").map((e) => e.toolCallId);
+  assert.deepEqual(
+    ofType(events, "TOOL_CALL_RESULT").map((e) => e.toolCallId),
+    calls,
+  );
+  assert.equal(text(events), "Back again.");
   assert.equal(events.at(-1).type, "RUN_FINISHED");
 });

@@ -1,7 +1,8 @@
 """AG-UI against a real server (uvicorn) and real worker processes, every streamed event parsed
 by the protocol's own Python types (`ag-ui-protocol`): text streamed token by token, a tool call
 with its result, an approval ending the run as an interrupt and answered through `resume`, a
-provider retry as a CUSTOM event, the history AG-UI resends matched rather than posted again,
+provider retry as a CUSTOM event, the history AG-UI resends matched rather than posted again
+(and sent to a client that lacks it),
 a worker crash taken over mid-run, a stored assistant's endpoint, and what is refused."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ag_ui.core import (
     CustomEvent,
     Event,
     EventType,
+    MessagesSnapshotEvent,
     RunFinishedEvent,
     RunStartedEvent,
     TextMessageContentEvent,
@@ -161,9 +163,33 @@ async def test_text_streams_and_the_resent_history_is_matched(
     assert streamed_text(events) == "Second answer."
     users = [e["data"]["text"] for e in await transcript(http, tid) if e["type"] == "user_message"]
     assert users == ["hello", "again"]
+    assert not of(events, MessagesSnapshotEvent)  # the client has the history
     # Nothing new: refused, nothing written.
     resent = run_input(tid, history)
     assert_problem(await http.post("/ag-ui/agent", json=resent), 422, "INPUT_NOT_SUPPORTED")
+    # A client without the history (a new page on the thread) is sent it first.
+    fresh = user("fresh")
+    events = await run(http, "/ag-ui/agent", run_input(tid, [fresh]))
+    [snapshot] = of(events, MessagesSnapshotEvent)
+    assert events.index(snapshot) == 1  # right after RUN_STARTED
+    assert fresh["id"] not in [m.id for m in snapshot.messages]  # its own id now: the log's
+    said = [(m.role, m.content) for m in snapshot.messages]
+    assert said == [
+        ("user", "hello"),
+        ("assistant", text),
+        ("user", "again"),
+        ("assistant", "Second answer."),
+        ("user", "fresh"),
+    ]
+    assert snapshot.messages[1].id == message_id  # the id its text message streamed with
+    # Under the log's ids, which the client sends back: matched, not posted again.
+    history = [
+        m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in snapshot.messages
+    ]
+    events = await run(http, "/ag-ui/agent", run_input(tid, [*history, user("more")]))
+    assert not of(events, MessagesSnapshotEvent)
+    users = [e["data"]["text"] for e in await transcript(http, tid) if e["type"] == "user_message"]
+    assert users == ["hello", "again", "fresh", "more"]
 
 
 async def test_a_tool_call_and_its_result(

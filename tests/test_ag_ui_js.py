@@ -28,7 +28,7 @@ WHAT = "the AG-UI JavaScript client's tests"
 MIN_NODE = (20, 0)
 NODE_TIMEOUT = 240
 TESTS = [
-    "text streams token by token and the resent history is matched",
+    "text streams token by token, the resent history is matched, a new agent sent it",
     "a tool call and its result",
     "an approval ends the run as an interrupt, answered through resume",
     "a provider retry is a CUSTOM event named after Ferryman's",

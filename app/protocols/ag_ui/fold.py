@@ -28,6 +28,8 @@ METADATA_KEY = "agUi"
 # Events after which a turn that streamed is abandoned (its message never comes).
 _ABANDONS = frozenset({SessionEventType.MODEL_RETRY, SessionEventType.SESSION_RESUMED})
 _DROPPED_STOPS = frozenset({"aborted", "error"})
+# What the API writes as a run opens: the input's answers and messages.
+_FROM_API = frozenset({SessionEventType.USER_MESSAGE, SessionEventType.TOOL_APPROVAL_DECIDED})
 
 
 def interrupt_view(interrupt: Interrupt) -> dict[str, Any]:
@@ -56,6 +58,30 @@ def interrupt_view(interrupt: Interrupt) -> dict[str, Any]:
     return view
 
 
+def messages_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """AG-UI messages of the fold's (LangChain) ones, for a MESSAGES_SNAPSHOT."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        kind, content = message["type"], message.get("content") or ""
+        if kind == "human":
+            out.append({"id": message["id"], "role": "user", "content": content})
+        elif kind == "tool":
+            view = {"id": message["id"], "role": "tool", "content": content}
+            out.append({**view, "toolCallId": message["tool_call_id"]})
+        else:
+            view = {"id": message["id"], "role": "assistant", "content": content}
+            calls = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
+                }
+                for call in message.get("tool_calls") or []
+            ]
+            out.append({**view, "toolCalls": calls} if calls else view)
+    return out
+
+
 @dataclass
 class AgUiFold(fold.ThreadFold):
     """The thread's state, and the AG-UI events of a run's log events and token chunks."""
@@ -68,6 +94,8 @@ class AgUiFold(fold.ThreadFold):
     # Every message id the log knows: its own (derived) ones and the ids of the user
     # messages AG-UI sent (kept in the run metadata of the event each run opened with).
     known: set[str] = field(default_factory=set)
+    # Whether the run sends a MESSAGES_SNAPSHOT (its client lacks the thread's history).
+    snapshot_due: bool = False
 
     def apply(self, envelope: dict[str, Any], in_run: bool) -> list[ProtocolEvent]:
         type_ = envelope["type"]
@@ -75,6 +103,12 @@ class AgUiFold(fold.ThreadFold):
         data = envelope["data"]
         after = self.last_written  # what a turn's chunks followed, before the fold moves it
         streamed = self.streamed.get(after, "")
+        snapshot: list[ProtocolEvent] = []
+        if in_run and self.snapshot_due and type_ not in _FROM_API:
+            # The history up to the run's first event of its own: the messages the run's
+            # input posted included, with the log's ids, which the client sends back.
+            self.snapshot_due = False
+            snapshot.append(("MESSAGES_SNAPSHOT", {"messages": messages_view(self.messages)}))
         super().apply(envelope, in_run=False)
         sent = ((data.get("runMetadata") or {}).get(METADATA_KEY) or {}).get("messageIds")
         if isinstance(sent, list):
@@ -85,6 +119,11 @@ class AgUiFold(fold.ThreadFold):
             self.known.add(self.ai_id(after))
         if not in_run:
             return []
+        return [*snapshot, *self._events(type_, seq, data, after, streamed)]
+
+    def _events(
+        self, type_: str, seq: int, data: dict[str, Any], after: int, streamed: str
+    ) -> list[ProtocolEvent]:
         if type_ == SessionEventType.ASSISTANT_MESSAGE:
             return self._turn_end(after, streamed, data)
         if type_ == SessionEventType.TOOL_RESULT:

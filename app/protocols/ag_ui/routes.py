@@ -21,8 +21,8 @@ router = PrefixRouter(prefix=service.PREFIX, tags=["ag-ui"])
 async def _run(
     services: Services, owner: str, assistant_id: str, body: RunAgentInput
 ) -> StreamingResponse:
-    row, run = await service.start(services, owner, assistant_id, body)
-    stream = AgUiStream(row, run, body.threadId, body.runId)
+    row, run, snapshot = await service.start(services, owner, assistant_id, body)
+    stream = AgUiStream(row, run, body.threadId, body.runId, snapshot)
     direct = _direct_writes(services)
     return _sse(services, owner, run_events(services, row, stream, direct), direct)
 

@@ -130,11 +130,18 @@ def _run_create(assistant_id: str, body: RunAgentInput, **more: Any) -> RunCreat
     )
 
 
+def lacks_history(state: AgUiFold, body: RunAgentInput) -> bool:
+    """Whether the client lacks the thread's history: the log has messages, and its input
+    holds none whose id the log knows (a new page on the thread)."""
+    return bool(state.messages) and not any(str(m.get("id")) in state.known for m in body.messages)
+
+
 async def start(
     services: Services, owner: str, assistant_id: str, body: RunAgentInput
-) -> tuple[dict[str, Any], fold.Run]:
+) -> tuple[dict[str, Any], fold.Run, bool]:
     """Start the run `body` asks for on its thread: its new user messages and its resume
-    entries written as the run's first events (a thread with a run in progress: THREAD_BUSY)."""
+    entries written as the run's first events (a thread with a run in progress: THREAD_BUSY);
+    and whether its stream sends the thread's history (`lacks_history`)."""
     sid = await thread_of(services, owner, assistant_id, body)
     row, state = await thread_fold(services, owner, sid)
     new = new_user_messages(state, body.messages)
@@ -155,4 +162,5 @@ async def start(
             METADATA_KEY: {"runId": body.runId, "messageIds": [str(m.get("id")) for m in new]}
         },
     )
-    return await agent_service.start_run(services, owner, sid, run)
+    row, opened = await agent_service.start_run(services, owner, sid, run)
+    return row, opened, lacks_history(state, body)

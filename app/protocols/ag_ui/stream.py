@@ -19,10 +19,23 @@ def ag_ui_frame(event: dict[str, Any]) -> bytes:
 
 
 class AgUiStream(RunStream):
-    def __init__(self, row: dict[str, Any], run: fold.Run, thread_id: str, run_id: str) -> None:
+    def __init__(
+        self,
+        row: dict[str, Any],
+        run: fold.Run,
+        thread_id: str,
+        run_id: str,
+        snapshot: bool = False,
+    ) -> None:
+        """`snapshot`: whether the run sends its client the thread's history."""
         super().__init__(row, run, None, frozenset())
         self.ag_ui = AgUiFold(
-            row["id"], model=row["model"], run=run.id, thread_id=thread_id, run_id=run_id
+            row["id"],
+            model=row["model"],
+            run=run.id,
+            thread_id=thread_id,
+            run_id=run_id,
+            snapshot_due=snapshot,
         )
         self.state = self.ag_ui
 

@@ -56,7 +56,7 @@ async function transcript(threadId) {
   return (await response.json()).events;
 }
 
-test("text streams token by token and the resent history is matched", async () => {
+test("text streams token by token, the resent history is matched, a new agent sent it", async () => {
   const a = agent();
   const answer = "The quick brown fox jumps over the lazy dog.";
   const props = scripted([{ text: answer, chunks: 6, delayMs: 300 }, { text: "Again." }]);
@@ -78,6 +78,15 @@ test("text streams token by token and the resent history is matched", async () =
   assert.deepEqual(
     users.map((e) => e.data.text),
     ["hello", "again"],
+  );
+  // A new agent on the thread (a page reloaded) is sent the history first (MESSAGES_SNAPSHOT).
+  const fresh = new HttpAgent({ url: `${BASE}/ag-ui/agent`, headers: HEADERS, threadId: a.threadId });
+  say(fresh, "fresh");
+  const third = await run(fresh);
+  assert.equal(third.events[1].type, "MESSAGES_SNAPSHOT");
+  assert.deepEqual(
+    fresh.messages.map((m) => m.content),
+    ["hello", answer, "again", "Again.", "fresh", "You said: fresh"],
   );
 });
 

@@ -22,7 +22,7 @@ from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
 from app.db import bootstrap
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.protocols import agent_protocol
+from app.protocols import ag_ui, agent_protocol
 from app.protocols.agent_protocol import service as agent_protocol_service
 from app.runtime.worker import Worker
 from app.services import Services, calm_garbage_collector
@@ -106,6 +106,7 @@ def create_app(
     # Its own contract (the LangGraph SDKs'), not the native API's: docs/langgraph.md. First,
     # as its router rules out any path outside its prefix at once (PrefixRouter).
     app.include_router(agent_protocol.router, include_in_schema=False)
+    app.include_router(ag_ui.router, include_in_schema=False)
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)
     app.include_router(tools.router)

@@ -26,6 +26,7 @@ from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.domain import SessionErrorCode
 from app.errors import FerrymanError, ProblemCode
+from app.protocols.ag_ui import schemas as ag_ui_schemas
 from app.protocols.agent_protocol import assistants as protocol_assistants
 from app.protocols.agent_protocol import runs as protocol_runs
 from app.store import deltas
@@ -144,8 +145,12 @@ LIMIT_MODULES = (
     deltas,
     protocol_assistants,
     protocol_runs,
+    ag_ui_schemas,
 )
 NAMED_LIMITS: dict[str, str] = {
+    "MAX_AG_UI_MESSAGES": "AG-UI: `messages` of a `RunAgentInput` (the history it resends).",
+    "MAX_AG_UI_RESUME_ENTRIES": "AG-UI: `resume` entries of a `RunAgentInput`.",
+    "MAX_AG_UI_ID_CHARS": "AG-UI: a `threadId`, `runId` or `interruptId`, in characters.",
     "MAX_PROMPT_CHARS": "A session's `prompt`, in characters.",
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
     " `text`, in characters.",

@@ -14,6 +14,7 @@ also write the README's screenshots to docs/screenshots/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -47,6 +48,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 try:
     from playwright.sync_api import Browser, Page, expect, sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 except ImportError:  # pragma: no cover - the test extra installs it
     sync_playwright = None
 
@@ -679,11 +681,16 @@ def test_a_narrow_screen(
     page.set_viewport_size({"width": 390, "height": 844})
     open_session(page, web.url, sid)
     expect(page.locator("#status")).to_have_text("succeeded")
+    # The layout settles after the stream's last frames (the transcript and the list re-render):
+    # the page's width is what it comes to, not a frame in between.
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function("document.documentElement.scrollWidth <= 390", timeout=5_000)
     width = page.evaluate("document.documentElement.scrollWidth")
     wide = page.evaluate(
         """() => [...document.querySelectorAll('body *')]
-        .filter((e) => e.getBoundingClientRect().right > 391 && e.offsetParent)
-        .map((e) => `${e.tagName}#${e.id}.${e.className}`)
+        .filter((e) => e.getBoundingClientRect().right > 391 || e.scrollWidth > e.clientWidth + 1)
+        .filter((e) => getComputedStyle(e).overflowX !== 'auto' || e.tagName === 'BODY')
+        .map((e) => `${e.tagName}#${e.id}.${e.className} ${e.scrollWidth}/${e.clientWidth}`)
         .slice(0, 8)"""
     )
     assert width <= 390, f"the page scrolls sideways ({width}px), past the edge: {wide}"

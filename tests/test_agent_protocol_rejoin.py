@@ -20,6 +20,7 @@ from tests.test_agent_protocol import (  # noqa: F401 (fixtures)
     context,
     protocol_api,
     sdk,
+    streamed_texts,
     text_of,
 )
 
@@ -107,16 +108,6 @@ def expected_after(
     return out
 
 
-def messages_text(parts: list[StreamPart]) -> dict[str, str]:
-    """The text of the AI messages' `messages` chunks, by message id."""
-    texts: dict[str, str] = {}
-    for part in parts:
-        if part.event == "messages" and part.data[0]["type"] == "AIMessageChunk":
-            chunk = part.data[0]
-            texts[chunk["id"]] = texts.get(chunk["id"], "") + text_of(chunk["content"])
-    return texts
-
-
 def outline(parts: list[Part]) -> str:
     return " ".join(
         f"{i}:{e}" + (f":{d[0]['content']!r}" if e == "messages" else "") for i, e, d in parts
@@ -138,8 +129,8 @@ def check_join(
     if any(p.event == "messages" for p in original):
         start = 0 if cut is None else [p.id for p in original].index(cut) + 1
         had = [p for p in original[:start] if token(p) or final_chunk(p)]
-        whole = messages_text(had + joined)
-        assert set(whole) == set(messages_text(original)), label
+        whole = streamed_texts(had + joined)
+        assert set(whole) == set(streamed_texts(original)), label
         assert whole == {m: texts[m] for m in whole}, label
 
 

@@ -1,0 +1,209 @@
+"""AG-UI frontend tools (client tools) against a real server and real worker processes, every
+event parsed by `ag-ui-protocol`'s types: the model calls a tool the client declared, the run
+ends with the session waiting for the client's `tool` message, which the next input posts and
+the loop goes on with; the wait survives a worker SIGKILL (the call is not run again or
+repaired); a duplicate result is matched, a result for no waiting call is 409. And the native
+API's side of it: `clientTools` and POST .../tool-calls/{id}/result."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from ag_ui.core import (
+    RunFinishedEvent,
+    ToolCallArgsEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+)
+
+from tests.support import StartWorker, assert_problem, ready, transcript
+from tests.test_ag_ui import http, of, run, run_input, scripted, streamed_text, user
+
+__all__ = ["http"]  # the fixture, used by name
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+WEATHER = {
+    "name": "show_weather",
+    "description": "Show the weather card for a city in the page.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+SCRIPT = [
+    {
+        "text": "Let me show it.",
+        "toolCalls": [{"name": "show_weather", "arguments": {"city": "Oslo"}}],
+    },
+    {"text": "Shown."},
+]
+
+
+async def status_of(http: httpx.AsyncClient, tid: str) -> str:
+    session = (await http.get(f"/api/agent/{tid}")).json()
+    return str(session["status"])
+
+
+async def first_run(http: httpx.AsyncClient, tid: str) -> tuple[list[Any], list[dict[str, Any]]]:
+    """A run whose model calls the client's tool: its events, and the client's history."""
+    first = user("weather in Oslo?")
+    body = run_input(tid, [first], tools=[WEATHER], forwardedProps=scripted(SCRIPT))
+    events = await run(http, "/ag-ui/agent", body)
+    [start] = of(events, ToolCallStartEvent)
+    assert start.tool_call_name == "show_weather"
+    args = "".join(a.delta for a in of(events, ToolCallArgsEvent))
+    assert args == '{"city": "Oslo"}'
+    assert not of(events, ToolCallResultEvent)  # not run by the server
+    finished = events[-1]
+    assert isinstance(finished, RunFinishedEvent) and finished.outcome is not None
+    assert finished.outcome.type == "success"  # a frontend tool is no interrupt
+    assistant = {
+        "id": start.parent_message_id,
+        "role": "assistant",
+        "content": "Let me show it.",
+        "toolCalls": [
+            {
+                "id": start.tool_call_id,
+                "type": "function",
+                "function": {"name": "show_weather", "arguments": args},
+            }
+        ],
+    }
+    return events, [first, assistant]
+
+
+async def settled(http: httpx.AsyncClient, sid: str, status: str) -> bool:
+    for _ in range(200):
+        if await status_of(http, sid) == status:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def tool_message(call_id: str, content: str) -> dict[str, Any]:
+    return {"id": str(uuid.uuid4()), "role": "tool", "toolCallId": call_id, "content": content}
+
+
+async def test_a_frontend_tool_call_waits_for_the_clients_result(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = str(uuid.uuid4())
+    events, history = await first_run(http, tid)
+    call_id = of(events, ToolCallStartEvent)[0].tool_call_id
+    assert await status_of(http, tid) == "waiting"
+    session = (await http.get(f"/api/agent/{tid}")).json()
+    assert [t["name"] for t in session["clientTools"]] == ["show_weather"]
+    # The model was offered the client's tool; the worker ran nothing.
+    log = await transcript(http, tid)
+    assert "tool_call_start" not in [e["type"] for e in log]
+    assert [e["data"]["toolCallId"] for e in log if e["type"] == "client_tool_call"] == [call_id]
+    # A tool message for no waiting call: 409, nothing written.
+    stray = tool_message("call-that-is-not", "x")
+    body = run_input(tid, [*history, stray], tools=[WEATHER])
+    assert_problem(await http.post("/ag-ui/agent", json=body), 409, "CLIENT_TOOL_NOT_PENDING")
+    assert await status_of(http, tid) == "waiting"
+    # The client's result: posted, and the loop goes on.
+    result = tool_message(call_id, "sunny, 21 C")
+    history.append(result)
+    events = await run(http, "/ag-ui/agent", run_input(tid, history, tools=[WEATHER]))
+    assert not of(events, ToolCallResultEvent)  # the client holds its result already
+    assert streamed_text(events) == "Shown."
+    assert events[-1].outcome.type == "success"
+    assert await status_of(http, tid) == "succeeded"
+    log = await transcript(http, tid)
+    results = [e["data"] for e in log if e["type"] == "tool_result"]
+    assert results == [
+        {
+            "toolCallId": call_id,
+            "name": "show_weather",
+            "isError": False,
+            "content": "sunny, 21 C",
+            "client": True,
+        }
+    ]
+    # The history resent with the result (and a new message): the result is matched, once.
+    events = await run(http, "/ag-ui/agent", run_input(tid, [*history, user("thanks")]))
+    assert streamed_text(events) == "You said: thanks"
+    log = await transcript(http, tid)
+    assert [e["type"] for e in log].count("client_tool_result") == 1
+    assert [e["type"] for e in log].count("tool_result") == 1
+
+
+async def test_the_wait_survives_a_worker_sigkill(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    worker = start_worker()
+    await ready(worker)
+    tid = str(uuid.uuid4())
+    events, history = await first_run(http, tid)
+    call_id = of(events, ToolCallStartEvent)[0].tool_call_id
+    worker.stop(signal.SIGKILL)
+    await ready(start_worker())
+    await asyncio.sleep(1.5)  # a worker that would take the session over had the time to
+    assert await status_of(http, tid) == "waiting"
+    log = await transcript(http, tid)
+    assert "tool_result" not in [e["type"] for e in log]  # not repaired, not run
+    assert "session_resumed" not in [e["type"] for e in log]
+    history.append(tool_message(call_id, "rainy"))
+    events = await run(http, "/ag-ui/agent", run_input(tid, history, tools=[WEATHER]))
+    assert streamed_text(events) == "Shown."
+    assert await status_of(http, tid) == "succeeded"
+    log = await transcript(http, tid)
+    assert [e["data"]["content"] for e in log if e["type"] == "tool_result"] == ["rainy"]
+    assert [e["type"] for e in log].count("assistant_message") == 2  # no turn played twice
+
+
+async def test_the_native_api_posts_a_result_once(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    made = await http.post(
+        "/api/agent", json={"prompt": "weather?", "script": SCRIPT, "clientTools": [WEATHER]}
+    )
+    assert made.status_code == 201, made.text
+    sid = made.json()["id"]
+    assert await settled(http, sid, "waiting")
+    [call] = [e["data"] for e in await transcript(http, sid) if e["type"] == "client_tool_call"]
+    assert call["name"] == "show_weather" and call["arguments"] == {"city": "Oslo"}
+    path = f"/api/agent/{sid}/tool-calls/{call['toolCallId']}/result"
+    posted = await http.post(path, json={"content": "cloudy"})
+    assert posted.status_code == 202, posted.text
+    assert posted.json()["duplicate"] is False
+    again = await http.post(path, json={"content": "cloudy"})  # a retry: matched
+    assert again.status_code == 202 and again.json()["duplicate"] is True
+    assert again.json()["seq"] == posted.json()["seq"]
+    other = await http.post(path, json={"content": "snow"})
+    assert_problem(other, 409, "CLIENT_TOOL_NOT_PENDING")
+    unknown = await http.post(f"/api/agent/{sid}/tool-calls/nope/result", json={"content": "x"})
+    assert_problem(unknown, 409, "CLIENT_TOOL_NOT_PENDING")
+    assert await settled(http, sid, "succeeded")
+    log = await transcript(http, sid)
+    assert [e["data"]["content"] for e in log if e["type"] == "tool_result"] == ["cloudy"]
+
+
+async def test_client_tools_are_validated(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    bad_schema = {"name": "t", "parameters": {"type": 12}}
+    taken = {"name": "put_note", "parameters": {"type": "object"}}
+    bad_name = {"name": "has space"}
+    twice = [WEATHER, WEATHER]
+    for tools in ([bad_schema], [taken], [bad_name], twice, [WEATHER] * 65):
+        made = await http.post("/api/agent", json={"prompt": "x", "clientTools": tools})
+        assert_problem(made, 422, "VALIDATION_ERROR")
+    huge = [{"name": f"t{i}", "description": "d" * 2000} for i in range(40)]
+    made = await http.post("/api/agent", json={"prompt": "x", "clientTools": huge})
+    assert_problem(made, 422, "VALIDATION_ERROR")
+    # A session without client tools shows no such field.
+    plain = await http.post("/api/agent", json={"prompt": "x"})
+    assert "clientTools" not in plain.json()
+    body = run_input(str(uuid.uuid4()), [user("x")], tools=[bad_schema])
+    assert_problem(await http.post("/ag-ui/agent", json=body), 422, "VALIDATION_ERROR")

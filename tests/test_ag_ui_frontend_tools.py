@@ -207,3 +207,24 @@ async def test_client_tools_are_validated(
     assert "clientTools" not in plain.json()
     body = run_input(str(uuid.uuid4()), [user("x")], tools=[bad_schema])
     assert_problem(await http.post("/ag-ui/agent", json=body), 422, "VALIDATION_ERROR")
+
+
+async def test_a_call_its_schema_refuses_never_reaches_the_client(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    tid = str(uuid.uuid4())
+    script = [
+        {"toolCalls": [{"name": "show_weather", "arguments": {"town": "Oslo"}}]},
+        {"text": "Sorry."},
+    ]
+    body = run_input(tid, [user("weather?")], tools=[WEATHER], forwardedProps=scripted(script))
+    events = await run(http, "/ag-ui/agent", body)
+    [start] = of(events, ToolCallStartEvent)
+    [result] = of(events, ToolCallResultEvent)  # answered by the server, with the error
+    assert result.tool_call_id == start.tool_call_id
+    assert result.content.startswith("invalid arguments: ") and "city" in result.content
+    assert streamed_text(events) == "Sorry."
+    assert await status_of(http, tid) == "succeeded"
+    log = await transcript(http, tid)
+    assert "client_tool_call" not in [e["type"] for e in log]

@@ -41,7 +41,6 @@ from app.agent.models import (
     ModelSettings,
     Providers,
     RetryPolicy,
-    ToolSpec,
 )
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
@@ -115,7 +114,7 @@ class Run:
     tools: dict[str, Tool] = field(default_factory=dict)
     # The tools the session's client declared, by name: offered to the model, never run here;
     # their calls wait for the client's result (posted as `client_tool_result`).
-    client_tools: dict[str, ToolSpec] = field(default_factory=dict)
+    client_tools: dict[str, Tool] = field(default_factory=dict)
     client_calls: list[ToolCall] = field(default_factory=list)
     client_results: dict[str, ClientResult] = field(default_factory=dict)
     # Writes that need not be durable before the run's next step that waits or acts (a model
@@ -270,9 +269,9 @@ class Run:
         self.client_calls = [c for c in plan.awaiting if c.id in requested]
         self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
         self.client_tools = {
-            spec.name: spec
-            for spec in client_specs(self.row.get("client_tools"))
-            if spec.name not in self.tools
+            tool.name: tool
+            for tool in client_tools(self.row.get("client_tools"))
+            if tool.name not in self.tools
         }
         self.not_rerun = self.interrupted_side_effects(plan)
         # The run's start goes with its first write (before the model is first asked), unless
@@ -332,7 +331,7 @@ class Run:
     async def loop(self, model: Model) -> None:
         specs = (
             *(tool.spec() for tool in self.tools.values()),
-            *self.client_tools.values(),
+            *(tool.spec() for tool in self.client_tools.values()),
         )
         instructions = self.row["instructions"]
         settings = ModelSettings.from_wire(self.row["model_settings"])
@@ -363,9 +362,7 @@ class Run:
                 await self.finish(Status.FAILED, error=error)
                 return
             if reply.tool_calls:
-                self.client_calls = [c for c in reply.tool_calls if c.name in self.client_tools]
-                for call in self.client_calls:  # durable with the reply: the calls wait
-                    self.defer(SessionEventType.CLIENT_TOOL_CALL, _call_data(call))
+                self.ask_client(reply.tool_calls)
                 ours = [c for c in reply.tool_calls if c.name not in self.client_tools]
                 self.awaiting = [c for c in ours if self.requires_approval(c)]
                 now = [c for c in ours if not self.requires_approval(c)]
@@ -407,6 +404,24 @@ class Run:
                 self.defer(SessionEventType.USER_QUESTION, _question(call.arguments))
                 asked = True
         return asked
+
+    def ask_client(self, calls: Iterable[ToolCall]) -> None:
+        """The calls of client tools wait for their client (logged with the reply, so durable
+        with it); one whose arguments its schema refuses is answered with the error at once,
+        as a server tool's would be, and never reaches the client."""
+        self.client_calls = []
+        for call in calls:
+            tool = self.client_tools.get(call.name)
+            if tool is None:
+                continue
+            problem = argument_problem(call, tool)
+            if problem is not None:
+                result = ToolResult(call.id, call.name, problem, is_error=True)
+                self.defer(SessionEventType.TOOL_RESULT, result.wire())
+                self.conversation.append(result)
+                continue
+            self.defer(SessionEventType.CLIENT_TOOL_CALL, _call_data(call))
+            self.client_calls.append(call)
 
     async def settle_awaiting(self) -> bool:
         """Act on the decisions about calls that wait for approval: run the approved ones,
@@ -584,18 +599,9 @@ class Run:
             # The same call replayed right after a crash: it may already have taken effect.
             self.not_rerun.discard(_call_key(call))
             return ToolResult(call.id, call.name, NOT_RERUN_CONTENT, is_error=True)
-        if call.invalid_arguments is not None:
-            return ToolResult(
-                call.id,
-                call.name,
-                "invalid arguments: not a JSON object (the call's arguments are shown as sent)",
-                is_error=True,
-            )
-        problems = tool.argument_errors(call.arguments)
-        if problems:
-            return ToolResult(
-                call.id, call.name, "invalid arguments: " + "; ".join(problems), is_error=True
-            )
+        problem = argument_problem(call, tool)
+        if problem is not None:
+            return ToolResult(call.id, call.name, problem, is_error=True)
         timeout = tool.timeout if tool.timeout is not None else self.ctx.tool_timeout
         context = ToolContext(
             session_id=self.session_id,
@@ -713,13 +719,28 @@ def _call_data(call: ToolCall) -> dict[str, Any]:
     return {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
 
 
-def client_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
-    """The model's view of a session's `clientTools` (validated when they were given)."""
+def argument_problem(call: ToolCall, tool: Tool) -> str | None:
+    """Why the call's arguments cannot be given to its tool (None: they can)."""
+    if call.invalid_arguments is not None:
+        return "invalid arguments: not a JSON object (the call's arguments are shown as sent)"
+    problems = tool.argument_errors(call.arguments)
+    return "invalid arguments: " + "; ".join(problems) if problems else None
+
+
+async def _run_by_client(arguments: dict[str, Any], context: ToolContext) -> str:
+    raise ToolError("a client tool runs in its client, never in a worker")
+
+
+def client_tools(declared: list[dict[str, Any]] | None) -> list[Tool]:
+    """A session's `clientTools` (validated when they were given) as tools a worker offers
+    the model and checks the calls of, but never runs."""
     return [
-        ToolSpec(
+        Tool(
             str(tool["name"]),
             str(tool.get("description") or ""),
             tool.get("parameters") or {"type": "object", "properties": {}},
+            _run_by_client,
+            source="client",
         )
         for tool in declared or ()
     ]

@@ -1,9 +1,12 @@
 """AG-UI frontend tools (client tools) against a real server and real worker processes, every
 event parsed by `ag-ui-protocol`'s types: the model calls a tool the client declared, the run
 ends with the session waiting for the client's `tool` message, which the next input posts and
-the loop goes on with; the wait survives a worker SIGKILL (the call is not run again or
-repaired); a duplicate result is matched, a result for no waiting call is 409. And the native
-API's side of it: `clientTools` and POST .../tool-calls/{id}/result."""
+the loop goes on with; the wait survives a worker SIGKILL, and a takeover mid-turn repairs the
+server's interrupted call but leaves the client's waiting (not run, not repaired, the model not
+asked); a duplicate result is matched, a result for no waiting call is 409; a call its schema
+refuses is answered by the server. And the native API's side of it (`clientTools`, POST
+.../tool-calls/{id}/result), the OpenAI adapter offered the client's schema, and the resume
+plan's hold on client calls."""
 
 from __future__ import annotations
 
@@ -15,12 +18,16 @@ from typing import Any
 import httpx
 import pytest
 from ag_ui.core import (
+    CustomEvent,
     RunFinishedEvent,
     ToolCallArgsEvent,
     ToolCallResultEvent,
     ToolCallStartEvent,
 )
 
+from app.agent.conversation import AssistantMessage, ToolCall, UserMessage
+from app.agent.resume import plan_resume
+from tests.fake_provider import FakeProvider, text_reply, tool_reply
 from tests.support import StartWorker, assert_problem, ready, transcript
 from tests.test_ag_ui import http, of, run, run_input, scripted, streamed_text, user
 
@@ -161,6 +168,53 @@ async def test_the_wait_survives_a_worker_sigkill(
     assert [e["type"] for e in log].count("assistant_message") == 2  # no turn played twice
 
 
+async def test_a_takeover_mid_turn_leaves_the_client_call_waiting(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    worker = start_worker()
+    await ready(worker)
+    tid = str(uuid.uuid4())
+    calls = [
+        {"name": "sleep", "arguments": {"seconds": 3}},
+        {"name": "show_weather", "arguments": {"city": "Oslo"}},
+    ]
+    script = [{"toolCalls": calls}, {"text": "Shown."}]
+
+    async def crash(event: Any) -> None:
+        if isinstance(event, CustomEvent) and event.name == "tool_call_start":
+            worker.stop(signal.SIGKILL)  # mid-sleep: the client's call is in the log already
+            await ready(start_worker())
+
+    body = run_input(tid, [user("go")], tools=[WEATHER], forwardedProps=scripted(script))
+    events = await run(http, "/ag-ui/agent", body, crash)
+    [resumed] = [c for c in of(events, CustomEvent) if c.name == "session_resumed"]
+    sleep_id, client_id = (s.tool_call_id for s in of(events, ToolCallStartEvent))
+    # The takeover repaired the interrupted sleep, and left the client's call to its client.
+    assert resumed.value["repairedToolCalls"] == [sleep_id]
+    assert [r.tool_call_id for r in of(events, ToolCallResultEvent)] == [sleep_id]
+    assert await status_of(http, tid) == "waiting"
+    log = await transcript(http, tid)
+    assert [e["type"] for e in log].count("assistant_message") == 1  # the model not asked
+    history = [body["messages"][0], tool_message(client_id, "sunny")]
+    # The scripted model replays the turn whose sleep was interrupted (SPEC 6): its new call
+    # of the client's tool waits again, and its result ends the run.
+    events = await run(http, "/ag-ui/agent", run_input(tid, history, tools=[WEATHER]))
+    again = [s.tool_call_id for s in of(events, ToolCallStartEvent)][1]
+    assert await status_of(http, tid) == "waiting"
+    history.append(tool_message(again, "still sunny"))
+    events = await run(http, "/ag-ui/agent", run_input(tid, history, tools=[WEATHER]))
+    assert streamed_text(events) == "Shown."
+    assert await status_of(http, tid) == "succeeded"
+    log = await transcript(http, tid)
+    client_results = [
+        e["data"] for e in log if e["type"] == "tool_result" and e["data"].get("client")
+    ]
+    assert [(r["toolCallId"], r["content"]) for r in client_results] == [
+        (client_id, "sunny"),
+        (again, "still sunny"),
+    ]
+
+
 async def test_the_native_api_posts_a_result_once(
     http: httpx.AsyncClient, start_worker: StartWorker
 ) -> None:
@@ -228,3 +282,43 @@ async def test_a_call_its_schema_refuses_never_reaches_the_client(
     assert await status_of(http, tid) == "succeeded"
     log = await transcript(http, tid)
     assert "client_tool_call" not in [e["type"] for e in log]
+
+
+async def test_the_openai_adapter_offers_the_clients_schema_and_sends_its_result(
+    http: httpx.AsyncClient, start_worker: StartWorker, fake: FakeProvider
+) -> None:
+    await ready(start_worker({"FERRYMAN_OPENAI_BASE_URL": fake.openai_url}))
+    fake.answer(tool_reply("show_weather", {"city": "Oslo"}), text_reply("Shown."))
+    body = {"prompt": "weather?", "model": "openai:fake-model", "clientTools": [WEATHER]}
+    made = await http.post("/api/agent", json=body)
+    assert made.status_code == 201, made.text
+    sid = made.json()["id"]
+    assert await settled(http, sid, "waiting")
+    offered = {t["function"]["name"]: t for t in fake.requests[0].body["tools"]}
+    assert offered["show_weather"] == {
+        "type": "function",
+        "function": {
+            "name": "show_weather",
+            "description": WEATHER["description"],
+            "parameters": WEATHER["parameters"],
+        },
+    }
+    assert "put_note" in offered  # beside the server's tools
+    posted = await http.post(
+        f"/api/agent/{sid}/tool-calls/call_1/result", json={"content": "sunny"}
+    )
+    assert posted.status_code == 202, posted.text
+    assert await settled(http, sid, "succeeded")
+    assert len(fake.requests) == 2
+    told = fake.requests[1].body["messages"][-1]
+    assert told == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+
+
+def test_the_resume_plan_holds_client_calls() -> None:
+    calls = (ToolCall("a", "sleep", {"seconds": 1}), ToolCall("b", "show_weather", {}))
+    history = [UserMessage("go"), AssistantMessage("", calls, "tool_use")]
+    plan = plan_resume(history, client_calls={"b"})
+    assert plan.kind == "continue"
+    assert plan.repaired_tool_calls == ["a"]  # the server's call, interrupted
+    assert [c.id for c in plan.awaiting] == ["b"]  # the client's, waiting for its result
+    assert plan_resume(history).repaired_tool_calls == ["a", "b"]  # as before without it

@@ -322,3 +322,26 @@ def test_the_resume_plan_holds_client_calls() -> None:
     assert plan.repaired_tool_calls == ["a"]  # the server's call, interrupted
     assert [c.id for c in plan.awaiting] == ["b"]  # the client's, waiting for its result
     assert plan_resume(history).repaired_tool_calls == ["a", "b"]  # as before without it
+
+
+async def test_a_message_instead_of_the_result_answers_the_call(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    made = await http.post(
+        "/api/agent", json={"prompt": "weather?", "script": SCRIPT, "clientTools": [WEATHER]}
+    )
+    sid = made.json()["id"]
+    assert await settled(http, sid, "waiting")
+    [call] = [e["data"] for e in await transcript(http, sid) if e["type"] == "client_tool_call"]
+    sent = await http.post(f"/api/agent/{sid}/messages", json={"text": "skip it"})
+    assert sent.status_code == 202, sent.text
+    assert await settled(http, sid, "succeeded")
+    log = await transcript(http, sid)
+    [result] = [e["data"] for e in log if e["type"] == "tool_result"]
+    assert result["toolCallId"] == call["toolCallId"] and result["isError"] is True
+    assert "instead of the client's result" in result["content"] and "client" not in result
+    late = await http.post(
+        f"/api/agent/{sid}/tool-calls/{call['toolCallId']}/result", json={"content": "sunny"}
+    )
+    assert_problem(late, 409, "CLIENT_TOOL_NOT_PENDING")

@@ -36,6 +36,10 @@ MAX_METADATA_BYTES = 16_384
 MAX_JSON_DEPTH = 32
 MAX_SCRIPT_TURNS = 200
 MAX_TOOLS = 64
+# Tools a client declares for a session (`clientTools`, AG-UI's `tools`): how many, and their
+# declarations together as compact JSON (each schema is sent to the model on every turn).
+MAX_CLIENT_TOOLS = 64
+MAX_CLIENT_TOOLS_BYTES = 65_536
 MAX_INSTRUCTIONS_CHARS = 100_000
 MODEL_NAME_PATTERN = r"^(scripted|(openai|anthropic):[A-Za-z0-9._:/@-]{1,200})$"
 MODEL_NAME_RULE = (
@@ -113,6 +117,10 @@ class SessionEventType(StrEnum):
     MODEL_RETRY = "model_retry"
     TOOL_APPROVAL_REQUESTED = "tool_approval_requested"
     TOOL_APPROVAL_DECIDED = "tool_approval_decided"
+    # A call of a client tool: not run by the worker; the session waits for its result.
+    CLIENT_TOOL_CALL = "client_tool_call"
+    # The result a client posted for one (the API's write; the run answers the call with it).
+    CLIENT_TOOL_RESULT = "client_tool_result"
     SESSION_INTERRUPTED = "session_interrupted"
     SESSION_END = "session_end"
 
@@ -147,7 +155,7 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
             "pid": row["lease_pid"],
             "expiresAt": rfc3339(row["lease_expires_at"]),
         }
-    return {
+    view: dict[str, Any] = {
         "id": str(row["id"]),
         "ownerId": row["owner_id"],
         "title": row["title"],
@@ -176,6 +184,9 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
             "cachedTokens": row["cached_tokens"],
         },
     }
+    if row.get("client_tools") is not None:  # shown only when declared: other sessions as before
+        view["clientTools"] = row["client_tools"]
+    return view
 
 
 def assistant_view(row: dict[str, Any]) -> dict[str, Any]:

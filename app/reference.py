@@ -160,6 +160,8 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_JSON_DEPTH": "Nesting of `metadata` and tool arguments, in levels.",
     "MAX_SCRIPT_TURNS": "Turns of a `script`.",
     "MAX_TOOLS": "Names in `tools`, and in `approvalRequired`.",
+    "MAX_CLIENT_TOOLS": "Tools of a session's `clientTools` (AG-UI: a `RunAgentInput`'s `tools`).",
+    "MAX_CLIENT_TOOLS_BYTES": "A session's `clientTools` together, as compact JSON, in bytes.",
     "MAX_INSTRUCTIONS_CHARS": "A session's `instructions`, in characters.",
     "MAX_STOP_SEQUENCES": "Strings in `modelSettings.stop`.",
     "MAX_ASSISTANT_SEARCH_LIMIT": "Agent Protocol: `limit` of an assistants search and of an"
@@ -243,6 +245,11 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         409,
         "A decision for a call that is not waiting for one"
         " (unknown, decided, answered, or a finished session).",
+    ),
+    ProblemCode.CLIENT_TOOL_NOT_PENDING: (
+        409,
+        "A result for a call that is not waiting for the client's result (unknown, not a"
+        " client tool's, answered with another result, or a finished session).",
     ),
     ProblemCode.PAYLOAD_TOO_LARGE: (413, "The body is over `FERRYMAN_MAX_BODY_BYTES`."),
     ProblemCode.UNSUPPORTED_MEDIA_TYPE: (415, "A body not sent as `application/json`."),

@@ -1,7 +1,8 @@
 """AG-UI's own JavaScript client, `@ag-ui/client`'s HttpAgent from the npm registry, against
 Ferryman's AG-UI endpoint under Node's test runner (tests/js/ag_ui/ag_ui.test.mjs): the
 client's event verifier must accept every event of every run, for text, a tool call, an
-approval answered through `resume`, a provider retry and a worker SIGKILLed mid-tool. A real
+approval answered through `resume`, a provider retry, a worker SIGKILLed mid-tool and a
+frontend tool whose result the client sends as a `tool` message. A real
 API server (keys mode) and worker (tests/agent_protocol_js.py's stack, whose control server
 the JavaScript asks for the SIGKILL).
 
@@ -33,6 +34,7 @@ TESTS = [
     "an approval ends the run as an interrupt, answered through resume",
     "a provider retry is a CUSTOM event named after Ferryman's",
     "a worker SIGKILLed mid-tool: the stream goes on from the log",
+    "a frontend tool: the run ends waiting for the client's tool message",
 ]
 
 

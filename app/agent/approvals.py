@@ -94,3 +94,49 @@ def _superseded_calls(conversation: Sequence[Message]) -> set[str]:
         elif isinstance(message, UserMessage):
             superseded |= calls_so_far
     return superseded
+
+
+# What a call of a client tool is answered with when the user spoke instead of its client.
+CLIENT_SUPERSEDED = "no result: the user sent a message instead of the client's result"
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """The result a client posted for a call of one of its tools (`client_tool_result`)."""
+
+    call_id: str
+    content: str
+    is_error: bool = False
+
+
+def record_client_result(
+    results: dict[str, ClientResult], type_: str, data: Mapping[str, Any]
+) -> None:
+    """Fold one event into `results` (the first result posted for a call counts)."""
+    if type_ == SessionEventType.CLIENT_TOOL_RESULT:
+        call_id = str(data["toolCallId"])
+        content = data.get("content", "")
+        results.setdefault(
+            call_id, ClientResult(call_id, str(content), bool(data.get("isError", False)))
+        )
+
+
+def settle_client(
+    conversation: Sequence[Message],
+    awaiting: Sequence[ToolCall],
+    results: Mapping[str, ClientResult],
+) -> tuple[tuple[ToolResult, ...], tuple[ToolCall, ...]]:
+    """The results of the client calls that have one (the client's, or the error of one the
+    user's next message superseded), and the calls still waiting for their client."""
+    superseded = _superseded_calls(conversation)
+    answered: list[ToolResult] = []
+    pending: list[ToolCall] = []
+    for call in awaiting:
+        posted = results.get(call.id)
+        if posted is not None:
+            answered.append(ToolResult(call.id, call.name, posted.content, posted.is_error))
+        elif call.id in superseded:
+            answered.append(ToolResult(call.id, call.name, CLIENT_SUPERSEDED, is_error=True))
+        else:
+            pending.append(call)
+    return tuple(answered), tuple(pending)

@@ -8,8 +8,9 @@ A new lease holder plans before it calls the model:
 - `already-complete`: the transcript ends in a final answer, or in a successful call of a tool
   that ends the turn (`ask_user`): settle without calling the model.
 
-A call waiting for a person's approval (or approved and not started yet) is not an orphan: it
-is left unanswered, in `awaiting`, for the runner to settle (`app.agent.approvals`).
+A call waiting for a person's approval (or approved and not started yet), or for the result of
+the client whose tool it calls, is not an orphan: it is left unanswered, in `awaiting`, for the
+runner to settle (`app.agent.approvals`).
 """
 
 from __future__ import annotations
@@ -112,11 +113,13 @@ def plan_resume(
     *,
     approvals: Mapping[str, Approval] | None = None,
     started: Collection[str] = (),
+    client_calls: Collection[str] = (),
 ) -> ResumePlan:
     """`ends_turn`: names of the tools after whose successful result the session waits for the
     user (the registry's `Tool.ends_turn`), as the runner does after running one.
     `approvals`: the approvals requested so far, by call id; `started`: ids of the calls whose
-    tool began to run (`tool_call_start`)."""
+    tool began to run (`tool_call_start`); `client_calls`: ids of the calls of client tools
+    (`client_tool_call`), which wait for their client's result, never repaired."""
     approvals = approvals or {}
     messages = list(history)
     # Trailing frames are judged as they stand once results are in place: a result logged
@@ -139,7 +142,7 @@ def plan_resume(
         call_id
         for call_id, approval in approvals.items()
         if call_id not in answered and not (approval.approved and call_id in started)
-    }
+    } | {call_id for call_id in client_calls if call_id not in answered}
     conversation, synthetic = repair(messages, held)
     awaiting = tuple(
         call

@@ -65,6 +65,7 @@ async def resolve_session(
     if pinned is not None:
         check_tool_choice(model_settings, tools)
     await check_tool_names(services, tools, approval_required, model_settings)
+    client_tools = _client_tools(services, body, tools)
     return NewSession(
         prompt=body.prompt,
         title=body.title or default_title(body.prompt or ""),
@@ -82,7 +83,31 @@ async def resolve_session(
         assistant_id=None if pinned is None else pinned["id"],
         assistant_version=None if pinned is None else pinned["version"],
         request=None if pinned is None else body.model_dump(mode="json", exclude_unset=True),
+        client_tools=client_tools,
     )
+
+
+def _client_tools(
+    services: Services, body: schemas.CreateSession, tools: list[str] | None
+) -> list[dict[str, Any]] | None:
+    """The body's client tools as stored (none: None), 422 for a name a server tool of the
+    session has (the model could not tell the two apart)."""
+    if not body.clientTools:
+        return None
+    server = set(tools if tools is not None else services.local_tools().names())
+    taken = [t.name for t in body.clientTools if t.name in server]
+    if taken:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("body", "clientTools"),
+                    "msg": f"names server tools of the session: {', '.join(taken)}",
+                    "input": taken,
+                }
+            ]
+        )
+    return [t.model_dump() for t in body.clientTools]
 
 
 def assistant_request_fingerprint(body: schemas.CreateSession) -> str | None:

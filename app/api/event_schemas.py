@@ -123,6 +123,9 @@ class ToolResultData(Data):
     interrupted: bool | None = Field(default=None, description="A worker died during the call.")
     timedOut: bool | None = None
     denied: bool | None = Field(default=None, description="A person denied the call.")
+    client: bool | None = Field(
+        default=None, description="The result the client posted for a call of its tool."
+    )
 
 
 class UserQuestionData(Data):
@@ -147,6 +150,18 @@ class ToolApprovalDecidedData(OpensRun):
     toolCallId: str
     approved: bool
     reason: str | None = None
+
+
+class ClientToolCallData(Data):
+    toolCallId: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ClientToolResultData(OpensRun):
+    toolCallId: str
+    content: str
+    isError: bool
 
 
 class SessionInterruptedData(Data):
@@ -214,6 +229,8 @@ _SESSION_DATA: dict[SessionEventType, type[Data]] = {
     SessionEventType.MODEL_RETRY: ModelRetryData,
     SessionEventType.TOOL_APPROVAL_REQUESTED: ToolApprovalRequestedData,
     SessionEventType.TOOL_APPROVAL_DECIDED: ToolApprovalDecidedData,
+    SessionEventType.CLIENT_TOOL_CALL: ClientToolCallData,
+    SessionEventType.CLIENT_TOOL_RESULT: ClientToolResultData,
     SessionEventType.SESSION_INTERRUPTED: SessionInterruptedData,
     SessionEventType.SESSION_END: SessionEndData,
 }

@@ -7,6 +7,7 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+from jsonschema import Draft202012Validator, SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -21,6 +22,8 @@ from app.domain import (
     MAX_ASSISTANT_DESCRIPTION_CHARS,
     MAX_ASSISTANT_NAME_CHARS,
     MAX_ASSISTANT_VERSIONS,
+    MAX_CLIENT_TOOLS,
+    MAX_CLIENT_TOOLS_BYTES,
     MAX_INSTRUCTIONS_CHARS,
     MAX_JSON_DEPTH,
     MAX_MESSAGE_CHARS,
@@ -206,6 +209,57 @@ class Definition(Request):
         return self
 
 
+def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        Draft202012Validator.check_schema(value)
+    except SchemaError as exc:
+        raise ValueError(f"must be a JSON Schema: {exc.message}") from None
+    return value
+
+
+JsonSchema = Annotated[dict[str, Any], AfterValidator(storable), AfterValidator(_json_schema)]
+
+
+class ClientTool(Request):
+    """A tool the session's client declares and runs itself (AG-UI's frontend tools): offered
+    to the model beside the server's tools; a call of it is not run by a worker, the session
+    waits for the client's result (POST .../tool-calls/{toolCallId}/result)."""
+
+    model_config = ConfigDict(extra="ignore")  # as AG-UI clients send them
+    name: ToolName
+    description: Text = Field(default="", max_length=MAX_CLIENT_TOOLS_BYTES)
+    parameters: JsonSchema = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="The arguments' JSON Schema.",
+    )
+
+
+def _client_tools(tools: list[ClientTool] | None) -> list[ClientTool] | None:
+    if not tools:
+        return tools
+    names = [t.name for t in tools]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"names a tool more than once: {', '.join(twice)}")
+    size = len(json.dumps([t.model_dump() for t in tools], separators=(",", ":")).encode())
+    if size > MAX_CLIENT_TOOLS_BYTES:
+        raise ValueError(f"must be at most {MAX_CLIENT_TOOLS_BYTES} bytes as JSON, got {size}")
+    return tools
+
+
+ClientTools = Annotated[
+    list[ClientTool] | None,
+    Field(
+        default=None,
+        max_length=MAX_CLIENT_TOOLS,
+        description="Tools the client runs itself: the model may call them, and the session"
+        " waits for the client's result of each call (docs/ag-ui.md). Their names must not be"
+        " those of the session's server tools.",
+    ),
+    AfterValidator(_client_tools),
+]
+
+
 class CreateSession(Definition):
     prompt: Text | None = Field(
         default=None,
@@ -234,6 +288,7 @@ class CreateSession(Definition):
         le=MAX_ASSISTANT_VERSIONS,
         description="The version of `assistantId` to pin; unset: its latest.",
     )
+    clientTools: ClientTools
 
     @model_validator(mode="after")
     def _version_of_an_assistant(self) -> CreateSession:
@@ -323,6 +378,19 @@ class PostMessage(Request):
 class Approve(Request):
     approved: bool
     reason: Text | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class PostToolResult(Request):
+    content: Text = Field(max_length=MAX_MESSAGE_CHARS, description="What the tool returned.")
+    isError: bool = Field(default=False, description="Whether the tool failed.")
+
+
+class ToolResultAccepted(BaseModel):
+    id: Uuid
+    toolCallId: str
+    seq: int = Field(description="The seq of the `client_tool_result` event.")
+    duplicate: bool = Field(description="The same result was posted before: nothing written.")
+    status: Status
 
 
 class ApprovalAccepted(BaseModel):
@@ -444,6 +512,11 @@ class Session(BaseModel):
         " turn and resume), or null."
     )
     usage: Usage
+    clientTools: list[ClientTool] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The tools its client declared (absent: none).",
+    )
 
 
 class SessionList(BaseModel):

@@ -292,6 +292,38 @@ async def decide_tool_approval(
     }
 
 
+@router.post(
+    "/{session_id}/tool-calls/{tool_call_id}/result",
+    operation_id="postToolResult",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=schemas.ToolResultAccepted,
+    responses=problems(*SESSION_ERRORS, *BODY_ERRORS, 409),
+)
+async def post_tool_result(
+    session_id: SessionId,
+    tool_call_id: Annotated[str, Path(min_length=1, max_length=256)],
+    body: schemas.PostToolResult,
+    owner: Owner,
+    db: DatabaseDep,
+) -> dict[str, Any]:
+    """The result of a call of one of the session's client tools (`client_tool_call`), which
+    the client ran: the session is re-queued and the model goes on with it. The same result
+    posted again answers as the first did (`duplicate: true`); another one for the call is 409
+    CLIENT_TOOL_NOT_PENDING."""
+    sid = parse_session_id(session_id)
+    async with db.transaction() as conn:
+        event, row, written = await session_store.post_client_result(
+            conn, owner, sid, tool_call_id, body.content, body.isError
+        )
+    return {
+        "id": str(sid),
+        "toolCallId": tool_call_id,
+        "seq": event["seq"],
+        "duplicate": not written,
+        "status": row["status"],
+    }
+
+
 @router.get(
     "/{session_id}/transcript",
     operation_id="getTranscript",

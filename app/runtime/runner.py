@@ -14,7 +14,14 @@ from uuid import UUID
 
 from prometheus_client import Counter
 
-from app.agent.approvals import Approval, record_approval_event, settle
+from app.agent.approvals import (
+    Approval,
+    ClientResult,
+    record_approval_event,
+    record_client_result,
+    settle,
+    settle_client,
+)
 from app.agent.conversation import (
     AssistantMessage,
     Message,
@@ -105,6 +112,11 @@ class Run:
     awaiting: list[ToolCall] = field(default_factory=list)
     # The tools this session may use, by name.
     tools: dict[str, Tool] = field(default_factory=dict)
+    # The tools the session's client declared, by name: offered to the model, never run here;
+    # their calls wait for the client's result (posted as `client_tool_result`).
+    client_tools: dict[str, Tool] = field(default_factory=dict)
+    client_calls: list[ToolCall] = field(default_factory=list)
+    client_results: dict[str, ClientResult] = field(default_factory=dict)
     # Writes that need not be durable before the run's next step that waits or acts (a model
     # call, a tool): they go with the next write, so a turn costs one statement, not one per
     # event. Every path from a write to such a step passes `flush()` or `finish()`.
@@ -230,13 +242,17 @@ class Run:
         # (events are cut to FERRYMAN_MAX_EVENT_BYTES when written), not every row at once.
         messages: list[Message] = []
         started: set[str] = set()
+        requested: set[str] = set()  # calls of client tools
         last_run_event: dict[str, Any] | None = None  # tells whether and how a run ended
         async for rows in self.read_log():
             messages.extend(conversation_from_events(rows))
             for row in rows:
                 record_approval_event(self.approvals, row["type"], row["data"])
+                record_client_result(self.client_results, row["type"], row["data"])
                 if row["type"] == SessionEventType.TOOL_CALL_START:
                     started.add(str(row["data"]["toolCallId"]))
+                if row["type"] == SessionEventType.CLIENT_TOOL_CALL:
+                    requested.add(str(row["data"]["toolCallId"]))
                 if row["type"] in _RUN_EVENTS:
                     last_run_event = row
             self.read_seq = int(rows[-1]["seq"])
@@ -246,10 +262,17 @@ class Run:
             self.ctx.registry.turn_enders(),
             approvals=self.approvals,
             started=started,
+            client_calls=requested,
         )
         self.conversation = list(plan.conversation)
-        self.awaiting = list(plan.awaiting)
+        self.awaiting = [c for c in plan.awaiting if c.id not in requested]
+        self.client_calls = [c for c in plan.awaiting if c.id in requested]
         self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
+        self.client_tools = {
+            tool.name: tool
+            for tool in client_tools(self.row.get("client_tools"))
+            if tool.name not in self.tools
+        }
         self.not_rerun = self.interrupted_side_effects(plan)
         # The run's start goes with its first write (before the model is first asked), unless
         # the claim logged it (a session's first).
@@ -306,17 +329,20 @@ class Run:
                 yield rows
 
     async def loop(self, model: Model) -> None:
-        specs = tuple(tool.spec() for tool in self.tools.values())
+        specs = (
+            *(tool.spec() for tool in self.tools.values()),
+            *(tool.spec() for tool in self.client_tools.values()),
+        )
         instructions = self.row["instructions"]
         settings = ModelSettings.from_wire(self.row["model_settings"])
         while True:
             self.check()
             await self.take_new_events()
-            if self.awaiting:
+            if self.awaiting or self.client_calls:
                 if await self.settle_awaiting():
                     return
-                if self.awaiting:
-                    continue  # a follow-up or a decision came in as the run was to wait
+                if self.awaiting or self.client_calls:
+                    continue  # a follow-up, a decision or a result came in as the run was to wait
             delivered = self.read_seq
             request = ModelRequest(tuple(self.conversation), specs, instructions, settings)
             await self.flush()  # what the model is told is durable before it is asked
@@ -336,10 +362,13 @@ class Run:
                 await self.finish(Status.FAILED, error=error)
                 return
             if reply.tool_calls:
-                self.awaiting = [c for c in reply.tool_calls if self.requires_approval(c)]
-                now = [c for c in reply.tool_calls if not self.requires_approval(c)]
+                self.ask_client(reply.tool_calls)
+                ours = [c for c in reply.tool_calls if c.name not in self.client_tools]
+                self.awaiting = [c for c in ours if self.requires_approval(c)]
+                now = [c for c in ours if not self.requires_approval(c)]
                 asked = await self.run_calls(now)
-                if asked and not self.awaiting and await self.finish(Status.WAITING):
+                waits = self.awaiting or self.client_calls
+                if asked and not waits and await self.finish(Status.WAITING):
                     return
                 continue
             if reply.stop_reason == "length":
@@ -376,9 +405,37 @@ class Run:
                 asked = True
         return asked
 
+    def ask_client(self, calls: Iterable[ToolCall]) -> None:
+        """The calls of client tools wait for their client (logged with the reply, so durable
+        with it); one whose arguments its schema refuses is answered with the error at once,
+        as a server tool's would be, and never reaches the client."""
+        self.client_calls = []
+        for call in calls:
+            tool = self.client_tools.get(call.name)
+            if tool is None:
+                continue
+            problem = argument_problem(call, tool)
+            if problem is not None:
+                result = ToolResult(call.id, call.name, problem, is_error=True)
+                self.defer(SessionEventType.TOOL_RESULT, result.wire())
+                self.conversation.append(result)
+                continue
+            self.defer(SessionEventType.CLIENT_TOOL_CALL, _call_data(call))
+            self.client_calls.append(call)
+
     async def settle_awaiting(self) -> bool:
         """Act on the decisions about calls that wait for approval: run the approved ones,
-        answer the denied ones; True when the run ended (to wait for a person)."""
+        answer the denied ones; answer the client calls whose result came; True when the run
+        ended (to wait for a person or a client)."""
+        answered, still = settle_client(self.conversation, self.client_calls, self.client_results)
+        for result in answered:
+            result = bounded_result(result, self.ctx.max_event_bytes)
+            posted = result.tool_call_id in self.client_results
+            # `client`: the client holds this result already (AG-UI does not send it back).
+            wire = {**result.wire(), "client": True} if posted else result.wire()
+            self.defer(SessionEventType.TOOL_RESULT, wire)
+            self.conversation.append(result)
+        self.client_calls = list(still)
         settlement = settle(self.conversation, self.awaiting, self.approvals)
         for result in settlement.denied:
             self.defer(SessionEventType.TOOL_RESULT, result.wire())
@@ -386,19 +443,20 @@ class Run:
         asked = await self.run_calls(settlement.run)
         self.awaiting = list(settlement.pending)
         # Results in call order, after their call, whatever order they were decided in.
-        self.conversation = repair(self.conversation, {c.id for c in self.awaiting})[0]
-        if self.awaiting:
+        held = {c.id for c in (*self.awaiting, *self.client_calls)}
+        self.conversation = repair(self.conversation, held)[0]
+        if self.awaiting or self.client_calls:
             return await self.wait_for_approval()
         return asked and await self.finish(Status.WAITING)
 
     async def wait_for_approval(self) -> bool:
         """Ask for the approvals not asked for yet and end the run `waiting`, in one
-        transaction, so a decision always finds the session waiting. False when a follow-up
-        or a decision arrived meanwhile: the run goes on to take it."""
+        transaction, so a decision (or a client's result) always finds the session waiting.
+        False when a follow-up, a decision or a result arrived meanwhile: the run goes on to
+        take it."""
         for call in self.awaiting:
             if call.id not in self.approvals:
-                request = {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
-                self.defer(SessionEventType.TOOL_APPROVAL_REQUESTED, request)
+                self.defer(SessionEventType.TOOL_APPROVAL_REQUESTED, _call_data(call))
                 self.approvals[call.id] = Approval(call.id)
         # Everything read so far is taken: the decisions, and no message (one would have
         # denied what is pending).
@@ -406,7 +464,8 @@ class Run:
         return await self.finish(Status.WAITING)
 
     async def take_new_events(self) -> None:
-        """Take follow-ups (steering) and approval decisions logged since we last looked."""
+        """Take follow-ups (steering), approval decisions and client tools' results logged
+        since we last looked."""
         if not self.inbox:
             return
         self.inbox = False  # before the read: a notification during it means another read
@@ -417,6 +476,7 @@ class Run:
             if row["type"] == SessionEventType.USER_MESSAGE and message is not None:
                 self.conversation.append(message)
             record_approval_event(self.approvals, row["type"], row["data"])
+            record_client_result(self.client_results, row["type"], row["data"])
             self.read_seq = max(self.read_seq, int(row["seq"]))
 
     async def call_model(self, model: Model, request: ModelRequest) -> AssistantMessage:
@@ -539,18 +599,9 @@ class Run:
             # The same call replayed right after a crash: it may already have taken effect.
             self.not_rerun.discard(_call_key(call))
             return ToolResult(call.id, call.name, NOT_RERUN_CONTENT, is_error=True)
-        if call.invalid_arguments is not None:
-            return ToolResult(
-                call.id,
-                call.name,
-                "invalid arguments: not a JSON object (the call's arguments are shown as sent)",
-                is_error=True,
-            )
-        problems = tool.argument_errors(call.arguments)
-        if problems:
-            return ToolResult(
-                call.id, call.name, "invalid arguments: " + "; ".join(problems), is_error=True
-            )
+        problem = argument_problem(call, tool)
+        if problem is not None:
+            return ToolResult(call.id, call.name, problem, is_error=True)
         timeout = tool.timeout if tool.timeout is not None else self.ctx.tool_timeout
         context = ToolContext(
             session_id=self.session_id,
@@ -624,6 +675,7 @@ _RUN_EVENTS = frozenset(
         SessionEventType.TOOL_RESULT,
         SessionEventType.MODEL_RETRY,
         SessionEventType.USER_QUESTION,
+        SessionEventType.CLIENT_TOOL_CALL,
     }
 )
 
@@ -661,6 +713,37 @@ def resume_reason(rows: list[dict[str, Any]]) -> Literal["crash", "shutdown", "f
         if row["type"] in _RUN_EVENTS:
             return "crash"
     return "crash"
+
+
+def _call_data(call: ToolCall) -> dict[str, Any]:
+    return {"toolCallId": call.id, "name": call.name, "arguments": call.arguments}
+
+
+def argument_problem(call: ToolCall, tool: Tool) -> str | None:
+    """Why the call's arguments cannot be given to its tool (None: they can)."""
+    if call.invalid_arguments is not None:
+        return "invalid arguments: not a JSON object (the call's arguments are shown as sent)"
+    problems = tool.argument_errors(call.arguments)
+    return "invalid arguments: " + "; ".join(problems) if problems else None
+
+
+async def _run_by_client(arguments: dict[str, Any], context: ToolContext) -> str:
+    raise ToolError("a client tool runs in its client, never in a worker")
+
+
+def client_tools(declared: list[dict[str, Any]] | None) -> list[Tool]:
+    """A session's `clientTools` (validated when they were given) as tools a worker offers
+    the model and checks the calls of, but never runs."""
+    return [
+        Tool(
+            str(tool["name"]),
+            str(tool.get("description") or ""),
+            tool.get("parameters") or {"type": "object", "properties": {}},
+            _run_by_client,
+            source="client",
+        )
+        for tool in declared or ()
+    ]
 
 
 def _question(arguments: dict[str, Any]) -> dict[str, Any]:

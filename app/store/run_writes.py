@@ -115,11 +115,11 @@ class Batch:
         )
 
 
-# Follow-ups and approval decisions the model has not seen: logged after `{after}` and after the
-# session's `delivered_seq` (of the session row `sessions`).
+# Follow-ups, approval decisions and client tools' results the model has not seen: logged after
+# `{after}` and after the session's `delivered_seq` (of the session row `sessions`).
 UNDELIVERED = """
         SELECT FROM session_events e WHERE e.session_id = sessions.id
-          AND e.type IN ('user_message', 'tool_approval_decided')
+          AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
           AND e.seq > greatest(sessions.delivered_seq, {after})"""
 
 # The notifications go together, in order: the turn's last token deltas, then the stream's key

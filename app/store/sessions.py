@@ -27,6 +27,7 @@ from app.domain import (
 )
 from app.errors import (
     ApprovalNotPending,
+    ClientToolNotPending,
     IdempotencyKeyReused,
     SessionAlreadyTerminal,
     SessionNotFound,
@@ -40,7 +41,7 @@ SESSION_COLUMNS = """
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version
+    assistant_version, client_tools
 """
 
 
@@ -59,8 +60,9 @@ _CREATE_SESSION = statement(
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
-                          assistant_version)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {SESSION_COLUMNS}
+                          assistant_version, client_tools)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    RETURNING {SESSION_COLUMNS}
     """,
 )
 _LIST_SESSIONS = statement(
@@ -148,6 +150,9 @@ class NewSession:
     # The request as given, hashed instead of the fields when it named an assistant: a retry
     # after the assistant changed asked for the same thing.
     request: dict[str, Any] | None = None
+    # The tools the session's client declared ({name, description, parameters}), which it
+    # answers itself; None: none.
+    client_tools: list[dict[str, Any]] | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -234,6 +239,7 @@ async def create_session(
             Jsonb(new.approval_required) if new.approval_required is not None else None,
             new.assistant_id,
             new.assistant_version,
+            Jsonb(new.client_tools) if new.client_tools is not None else None,
         ),
     )
     row = await cur.fetchone()
@@ -482,6 +488,61 @@ async def decide_approval(
     else:
         await notify(conn, inbox_key(session_id))
     return event, row
+
+
+_CLIENT_CALL_EVENTS = statement(
+    "client_call_events",
+    f"""
+    SELECT seq, type, data FROM session_events
+    WHERE session_id = %s AND data->>'toolCallId' = %s
+      AND type IN ('{SessionEventType.CLIENT_TOOL_CALL}', '{SessionEventType.CLIENT_TOOL_RESULT}',
+                   '{SessionEventType.TOOL_RESULT}')
+    ORDER BY seq
+    """,
+)
+
+
+async def post_client_result(
+    conn: Connection,
+    owner_id: str,
+    session_id: UUID,
+    call_id: str,
+    content: str,
+    is_error: bool,
+    extra: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """Log the result a client posts for a call of one of its tools (`client_tool_call`),
+    and re-queue a waiting session so a worker answers the call with it; (the result event,
+    the session row, whether it was written). The same result posted again is matched: its
+    first event, nothing written. ClientToolNotPending for a call that does not wait for its
+    client (unknown, answered otherwise, or a finished session). `extra`: more fields of the
+    event's data (an AG-UI run's metadata)."""
+    row = await get_session(conn, owner_id, session_id, for_update=True)
+    cur = await conn.execute(_CLIENT_CALL_EVENTS, (session_id, call_id))
+    seen = {r["type"]: r for r in reversed(await cur.fetchall())}  # the first of each type
+    posted = seen.get(SessionEventType.CLIENT_TOOL_RESULT)
+    if posted is not None and (posted["data"].get("content"), posted["data"].get("isError")) == (
+        content,
+        is_error,
+    ):
+        return posted, row, False
+    status = Status(row["status"])
+    if SessionEventType.CLIENT_TOOL_CALL not in seen:
+        raise ClientToolNotPending("no call of a client tool of this session has this id")
+    if posted is not None or SessionEventType.TOOL_RESULT in seen:
+        raise ClientToolNotPending("this call was already answered with another result")
+    if status in TERMINAL:
+        raise ClientToolNotPending(f"the session is {status}: no call waits for a result")
+    result = {"toolCallId": call_id, "content": content, "isError": is_error, **(extra or {})}
+    event = await append_session_event(
+        conn, session_id, SessionEventType.CLIENT_TOOL_RESULT, result
+    )
+    if status == Status.WAITING:
+        row = await set_status(conn, row, Status.QUEUED)
+        await notify(conn, WORK_KEY)
+    else:
+        await notify(conn, inbox_key(session_id))
+    return event, row, True
 
 
 async def soft_delete(conn: Connection, owner_id: str, session_id: UUID) -> None:

@@ -76,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -121,6 +121,13 @@ CROSS JOIN LATERAL (
     WHERE e.upto <= %(head_bytes)s) h
 ORDER BY s.created_at;
 
+-- name: client_call_events
+SELECT seq, type, data FROM session_events
+WHERE session_id = %s AND data->>'toolCallId' = %s
+  AND type IN ('client_tool_call', 'client_tool_result',
+               'tool_result')
+ORDER BY seq;
+
 -- name: count_threads
 SELECT count(*) AS n FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
@@ -130,20 +137,21 @@ WHERE owner_id = %(owner)s AND deleted_at IS NULL
 -- name: count_undelivered
 SELECT count(*) AS n FROM sessions, LATERAL (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
-      AND e.type IN ('user_message', 'tool_approval_decided')
+      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
       AND e.seq > greatest(sessions.delivered_seq, %(delivered)s)) e
 WHERE sessions.id = %(session_id)s;
 
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
-                      assistant_version)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING
+                      assistant_version, client_tools)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version;
+assistant_version, client_tools;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -168,7 +176,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -178,7 +186,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -195,7 +203,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -241,7 +249,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version;
+assistant_version, client_tools;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -304,6 +312,7 @@ SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS paylo
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
                     approval_required = %(approval_required)s,
+                    client_tools = %(client_tools)s,
                     assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                     updated_at = clock_timestamp()
 WHERE id = %(id)s RETURNING
@@ -311,7 +320,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version;
+assistant_version, client_tools;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -320,7 +329,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version;
+assistant_version, client_tools;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -329,7 +338,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version;
+assistant_version, client_tools;
 
 -- name: run_write
 WITH bumped AS (
@@ -407,7 +416,7 @@ WITH bumped AS (
       AND last_seq = %(expected_last_seq)s AND cancel_requested_at IS NULL
       AND NOT EXISTS (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
-      AND e.type IN ('user_message', 'tool_approval_decided')
+      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
       AND e.seq > greatest(sessions.delivered_seq, %(delivered_seq)s::bigint))
     RETURNING id, owner_id, last_seq, attempt
 ), appended AS (
@@ -472,7 +481,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -487,7 +496,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -502,7 +511,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -517,7 +526,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -532,7 +541,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -547,7 +556,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -562,7 +571,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -577,7 +586,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version
+   assistant_version, client_tools
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -592,7 +601,7 @@ SELECT
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version
+    assistant_version, client_tools
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -629,7 +638,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version
+assistant_version, client_tools
 
 ),
 owner_cursor AS (
@@ -657,7 +666,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version
+assistant_version, client_tools
 
 ),
 owner_cursor AS (
@@ -687,7 +696,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version
+assistant_version, client_tools
 
 ),
 owner_cursor AS (
@@ -712,6 +721,7 @@ WITH s AS (
     UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s, title = %(title)s,
+                        client_tools = %(client_tools)s,
                         assistant_id = %(assistant_id)s,
                         assistant_version = %(assistant_version)s, prompt = %(text)s,
                         status = 'queued', error = NULL, cancel_requested_at = NULL,
@@ -723,7 +733,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version
+assistant_version, client_tools
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -752,6 +762,7 @@ SELECT seq, type, created_at, data->>'status' AS status,
        data->'runMetadata' AS run_metadata, data->>'multitaskStrategy' AS multitask_strategy
 FROM session_events
 WHERE session_id = %s AND type IN ('user_message',
-    'tool_approval_decided', 'session_end')
+    'tool_approval_decided', 'client_tool_result',
+    'session_end')
 ORDER BY seq;
 

@@ -73,6 +73,7 @@ _START_FIRST_RUN = statement(
         UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                             instructions = %(instructions)s, model_settings = %(model_settings)s,
                             approval_required = %(approval_required)s, title = %(title)s,
+                            client_tools = %(client_tools)s,
                             assistant_id = %(assistant_id)s,
                             assistant_version = %(assistant_version)s, prompt = %(text)s,
                             status = '{Status.QUEUED}', error = NULL, cancel_requested_at = NULL,
@@ -95,6 +96,7 @@ _REDEFINE = statement(
     UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s,
+                        client_tools = %(client_tools)s,
                         assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                         updated_at = clock_timestamp()
     WHERE id = %(id)s RETURNING {SESSION_COLUMNS}
@@ -109,7 +111,8 @@ _RUN_MARKS = statement(
            data->'runMetadata' AS run_metadata, data->>'multitaskStrategy' AS multitask_strategy
     FROM session_events
     WHERE session_id = %s AND type IN ('{SessionEventType.USER_MESSAGE}',
-        '{SessionEventType.TOOL_APPROVAL_DECIDED}', '{SessionEventType.SESSION_END}')
+        '{SessionEventType.TOOL_APPROVAL_DECIDED}', '{SessionEventType.CLIENT_TOOL_RESULT}',
+        '{SessionEventType.SESSION_END}')
     ORDER BY seq
     """,
 )
@@ -217,6 +220,7 @@ def _definition(new: NewSession) -> dict[str, Any]:
         else None,
         "assistant_id": new.assistant_id,
         "assistant_version": new.assistant_version,
+        "client_tools": Jsonb(new.client_tools) if new.client_tools is not None else None,
     }
 
 

@@ -29,7 +29,16 @@ METADATA_KEY = "agUi"
 _ABANDONS = frozenset({SessionEventType.MODEL_RETRY, SessionEventType.SESSION_RESUMED})
 _DROPPED_STOPS = frozenset({"aborted", "error"})
 # What the API writes as a run opens: the input's answers and messages.
-_FROM_API = frozenset({SessionEventType.USER_MESSAGE, SessionEventType.TOOL_APPROVAL_DECIDED})
+_FROM_API = frozenset(
+    {
+        SessionEventType.USER_MESSAGE,
+        SessionEventType.TOOL_APPROVAL_DECIDED,
+        SessionEventType.CLIENT_TOOL_RESULT,
+    }
+)
+# Events the AG-UI client has its own word for already: a client tool's call is the
+# TOOL_CALL_* of its message, its result the client's own `tool` message.
+_SILENT = frozenset({SessionEventType.CLIENT_TOOL_CALL, SessionEventType.CLIENT_TOOL_RESULT})
 
 
 def interrupt_view(interrupt: Interrupt) -> dict[str, Any]:
@@ -96,6 +105,10 @@ class AgUiFold(fold.ThreadFold):
     known: set[str] = field(default_factory=set)
     # Whether the run sends a MESSAGES_SNAPSHOT (its client lacks the thread's history).
     snapshot_due: bool = False
+    # Calls of client tools without a result in the log, and the results clients posted
+    # (content, isError) by call id, the first of each.
+    client_calls: set[str] = field(default_factory=set)
+    client_posted: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
     def apply(self, envelope: dict[str, Any], in_run: bool) -> list[ProtocolEvent]:
         type_ = envelope["type"]
@@ -113,6 +126,7 @@ class AgUiFold(fold.ThreadFold):
         sent = ((data.get("runMetadata") or {}).get(METADATA_KEY) or {}).get("messageIds")
         if isinstance(sent, list):
             self.known.update(str(i) for i in sent)
+        self._client(type_, data)
         if type_ == SessionEventType.USER_MESSAGE or type_ == SessionEventType.TOOL_RESULT:
             self.known.add(fold.derived(self.session_id, "msg", seq))
         elif type_ == SessionEventType.ASSISTANT_MESSAGE:
@@ -121,13 +135,26 @@ class AgUiFold(fold.ThreadFold):
             return []
         return [*snapshot, *self._events(type_, seq, data, after, streamed)]
 
+    def _client(self, type_: str, data: dict[str, Any]) -> None:
+        call_id = str(data.get("toolCallId"))
+        if type_ == SessionEventType.CLIENT_TOOL_CALL:
+            self.client_calls.add(call_id)
+        elif type_ == SessionEventType.CLIENT_TOOL_RESULT:
+            posted = (str(data.get("content", "")), bool(data.get("isError", False)))
+            self.client_posted.setdefault(call_id, posted)
+        elif type_ == SessionEventType.TOOL_RESULT:
+            self.client_calls.discard(call_id)
+
     def _events(
         self, type_: str, seq: int, data: dict[str, Any], after: int, streamed: str
     ) -> list[ProtocolEvent]:
         if type_ == SessionEventType.ASSISTANT_MESSAGE:
             return self._turn_end(after, streamed, data)
         if type_ == SessionEventType.TOOL_RESULT:
-            return [self._result(seq, data)]
+            # A client's result is its own `tool` message already.
+            return [] if data.get("client") else [self._result(seq, data)]
+        if type_ in _SILENT:
+            return []
         if type_ == SessionEventType.SESSION_END:
             return [*self._close(), self._end(data)]
         if type_ == SessionEventType.USER_MESSAGE:

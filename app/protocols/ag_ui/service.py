@@ -6,13 +6,14 @@ SQL stays in store/; this module decides."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
 from psycopg.errors import UniqueViolation
 
-from app.domain import Status
-from app.errors import InputNotSupported, NoPendingInterrupt
+from app.domain import MAX_MESSAGE_CHARS, Status
+from app.errors import ClientToolNotPending, InputNotSupported, NoPendingInterrupt
 from app.protocols.ag_ui.fold import METADATA_KEY, AgUiFold
 from app.protocols.ag_ui.schemas import ResumeEntry, RunAgentInput
 from app.protocols.agent_protocol import fold
@@ -71,16 +72,51 @@ async def thread_fold(services: Services, owner: str, sid: UUID) -> tuple[dict[s
 
 
 def new_user_messages(state: AgUiFold, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The user messages of `messages` the log does not hold yet: those after the last
-    message whose id it knows (its own ids, and the ids of the user messages AG-UI sent
-    before), whose ids it does not know."""
+    """The user messages of `messages` the log does not hold yet (`_new`)."""
+    return _new(state, messages, "user")
+
+
+def _new(state: AgUiFold, messages: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    """The messages of `role` in `messages` the log does not hold yet: those after the last
+    message whose id it knows (its own ids, and the ids of the messages AG-UI sent before),
+    whose ids it does not know."""
     ids = [str(m.get("id")) for m in messages]
     last = max((i for i, mid in enumerate(ids) if mid in state.known), default=-1)
     return [
         m
         for m, mid in zip(messages[last + 1 :], ids[last + 1 :], strict=True)
-        if m.get("role") == "user" and mid not in state.known
+        if m.get("role") == role and mid not in state.known
     ]
+
+
+def tool_results(
+    state: AgUiFold, messages: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[agent_service.ToolResultPost]]:
+    """The new `tool` messages of `messages` (`_new`) and the results of client tools' calls
+    they post: each answers a call that waits for its client's result. One the log holds
+    already (the same content posted before) is matched, not posted again; one for a call that
+    waits for no result is CLIENT_TOOL_NOT_PENDING (nothing is written)."""
+    new = _new(state, messages, "tool")
+    posts: list[agent_service.ToolResultPost] = []
+    for message in new:
+        call_id = str(message.get("toolCallId") or "")
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise InputNotSupported(
+                f"a tool message's content is over {MAX_MESSAGE_CHARS} characters", "messages"
+            )
+        result = (call_id, text, bool(message.get("error")))
+        if state.client_posted.get(call_id) == result[1:]:
+            continue  # posted before (another page, or the native API): the same result
+        if call_id not in state.client_calls or call_id in state.client_posted:
+            raise ClientToolNotPending(
+                f"tool message {message.get('id')!r} answers {call_id!r}, which is no call"
+                " waiting for this client's result",
+                toolCallId=call_id,
+            )
+        posts.append(result)
+    return new, posts
 
 
 def resume_answers(
@@ -112,13 +148,17 @@ def _answer(interrupt: fold.Interrupt, entry: ResumeEntry) -> Any:
 
 
 def _definition(body: RunAgentInput) -> dict[str, Any] | None:
+    """The definition fields of `forwardedProps.ferryman`, with the input's `tools` as the
+    session's client tools (each run's replace the last's)."""
     props = body.forwardedProps
     given = props.get(DEFINITION_KEY) if isinstance(props, dict) else None
     if given is not None and not isinstance(given, dict):
         raise InputNotSupported(
             f"forwardedProps.{DEFINITION_KEY} must be an object", "forwardedProps"
         )
-    return given
+    if body.tools is None:
+        return given
+    return {**(given or {}), "clientTools": body.tools}
 
 
 def _run_create(assistant_id: str, body: RunAgentInput, **more: Any) -> RunCreate:
@@ -145,11 +185,13 @@ async def start(
     sid = await thread_of(services, owner, assistant_id, body)
     row, state = await thread_fold(services, owner, sid)
     new = new_user_messages(state, body.messages)
+    tools, posts = tool_results(state, body.messages)
     resume = resume_answers(row, state, body.resume) if body.resume else None
-    if not new and resume is None:
+    if not new and resume is None and not posts:
         raise InputNotSupported(
-            "a run needs a user message the thread does not have yet in `messages`, or"
-            " `resume` entries for its pending interrupts",
+            "a run needs a user message the thread does not have yet in `messages`, a `tool`"
+            " message with the result of a call of a client tool, or `resume` entries for its"
+            " pending interrupts",
             "messages",
         )
     messages = [{"role": "user", "content": m.get("content")} for m in new]
@@ -159,8 +201,11 @@ async def start(
         input={"messages": messages} if new else None,
         command=Command(resume=resume) if resume is not None else None,
         metadata={
-            METADATA_KEY: {"runId": body.runId, "messageIds": [str(m.get("id")) for m in new]}
+            METADATA_KEY: {
+                "runId": body.runId,
+                "messageIds": [str(m.get("id")) for m in (*tools, *new)],
+            }
         },
     )
-    row, opened = await agent_service.start_run(services, owner, sid, run)
+    row, opened = await agent_service.start_run(services, owner, sid, run, posts)
     return row, opened, lacks_history(state, body)

@@ -64,7 +64,13 @@ DEFAULT_MODES = ("values",)
 ALL_EVENTS = frozenset(MODE_EVENTS.values()) | ALWAYS
 
 # API-written events: they open or steer runs, they are not what a run wrote.
-_FROM_API = frozenset({SessionEventType.USER_MESSAGE, SessionEventType.TOOL_APPROVAL_DECIDED})
+_FROM_API = frozenset(
+    {
+        SessionEventType.USER_MESSAGE,
+        SessionEventType.TOOL_APPROVAL_DECIDED,
+        SessionEventType.CLIENT_TOOL_RESULT,
+    }
+)
 # Assistant messages the model never sees again (the resume plan strips them).
 _DROPPED_STOPS = frozenset({"aborted", "error"})
 _NODE = "agent"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,6 +58,7 @@ DEFINITION_FIELDS = {
     "instructions": "instructions",
     "modelSettings": "model_settings",
     "approvalRequired": "approval_required",
+    "clientTools": "client_tools",
 }
 # A wait for a run's end looks at the log at least this often, in case a notification is lost.
 RUN_WAIT_POLL = 1.0
@@ -445,6 +447,7 @@ _DEFINITION_COLUMNS = {
     "approval_required": "approval_required",
     "assistant_id": "assistant_id",
     "assistant_version": "assistant_version",
+    "client_tools": "client_tools",
 }
 
 
@@ -463,10 +466,15 @@ def _redefinition(row: dict[str, Any], new: NewSession, named: frozenset[str]) -
 
 
 async def start_run(
-    services: Services, owner: str, thread_id: UUID, body: RunCreate
+    services: Services,
+    owner: str,
+    thread_id: UUID,
+    body: RunCreate,
+    tool_results: Sequence[ToolResultPost] = (),
 ) -> tuple[dict[str, Any], fold.Run]:
-    """Write what starts (or joins) a run: decisions and answers for `command.resume`, then
-    the input's messages; the run is the one that holds the first event written."""
+    """Write what starts (or joins) a run: decisions and answers for `command.resume`, the
+    results of client tools' calls (AG-UI's `tool` messages), then the input's messages; the
+    run is the one that holds the first event written."""
     if body.command is not None and (
         body.command.goto is not None or body.command.update is not None
     ):
@@ -475,7 +483,7 @@ async def start_run(
         )
     resume = body.command.resume if body.command is not None else None
     texts = input_texts(body)
-    if not texts and resume is None:
+    if not texts and resume is None and not tool_results:
         raise InputNotSupported("a run needs input.messages or command.resume")
     strategy = body.multitask_strategy or "reject"
     if strategy == "rollback":
@@ -495,7 +503,7 @@ async def start_run(
             await _wait_terminal(services, owner, thread_id, services.settings.cancel_wait_seconds)
     named = replace(definition, title=default_title(texts[0] if texts else "resume"))
     opening = opening_data(body, strategy)
-    if resume is None and len(texts) == 1:
+    if resume is None and len(texts) == 1 and not tool_results:
         # The common case, a thread's first run with one message, is one statement: no
         # transaction.
         async with services.db.connection() as conn:
@@ -533,6 +541,11 @@ async def start_run(
         first: int | None = 1 if fresh is not None else None
         if resume is not None:
             first = await _answer(conn, owner, row, resume, opening)
+        for result in tool_results:
+            event, _, _ = await session_store.post_client_result(
+                conn, owner, thread_id, *result, extra=opening if first is None else None
+            )
+            first = first or int(event["seq"])
         for text in texts[1:] if fresh is not None else texts:
             locked = row if first is None else None  # the row changes with each message
             extra = opening if first is None else None  # the first event opens the run
@@ -547,6 +560,10 @@ async def start_run(
             if run.start_seq <= first and (run.end_seq is None or first <= run.end_seq):
                 return row, run
     raise RunNotFound()
+
+
+# A client tool's result as a run posts it: (toolCallId, content, isError).
+ToolResultPost = tuple[str, str, bool]
 
 
 def _opened(thread_id: UUID, first: int, body: RunCreate, strategy: str) -> fold.Run:

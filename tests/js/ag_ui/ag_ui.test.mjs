@@ -167,3 +167,39 @@ test("a worker SIGKILLed mid-tool: the stream goes on from the log", async () =>
   assert.equal(text(events), "Back again.");
   assert.equal(events.at(-1).type, "RUN_FINISHED");
 });
+
+test("a frontend tool: the run ends waiting for the client's tool message", async () => {
+  const a = agent();
+  const tool = {
+    name: "show_weather",
+    description: "Show the weather card for a city in the page.",
+    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+  };
+  const script = [
+    { text: "Showing it.", toolCalls: [{ name: "show_weather", arguments: { city: "Oslo" } }] },
+    { text: "Shown." },
+  ];
+  say(a, "weather in Oslo?");
+  const { events } = await run(a, { tools: [tool], forwardedProps: scripted(script) });
+  const [start] = ofType(events, "TOOL_CALL_START");
+  assert.equal(start.toolCallName, "show_weather");
+  assert.deepEqual(ofType(events, "TOOL_CALL_RESULT"), []); // the client runs it
+  assert.equal(events.at(-1).type, "RUN_FINISHED");
+  const assistant = a.messages.find((m) => m.role === "assistant" && m.toolCalls?.length);
+  assert.deepEqual(JSON.parse(assistant.toolCalls[0].function.arguments), { city: "Oslo" });
+  // The client runs its tool and sends the result as a `tool` message.
+  a.addMessage({ id: randomUUID(), role: "tool", toolCallId: start.toolCallId, content: "sunny" });
+  const second = await run(a, { tools: [tool] });
+  assert.deepEqual(ofType(second.events, "TOOL_CALL_RESULT"), []); // it has its result
+  assert.equal(text(second.events), "Shown.");
+  assert.equal(second.events.at(-1).type, "RUN_FINISHED");
+  assert.deepEqual(
+    a.messages.map((m) => m.role),
+    ["user", "assistant", "tool", "assistant"],
+  );
+  const results = (await transcript(a.threadId)).filter((e) => e.type === "tool_result");
+  assert.deepEqual(
+    results.map((e) => [e.data.toolCallId, e.data.content, e.data.client]),
+    [[start.toolCallId, "sunny", true]],
+  );
+});

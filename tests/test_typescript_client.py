@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.timeout(420)]
 PACKAGE = Path(REPO) / "clients" / "typescript"
 GENERATED = PACKAGE / "src" / "openapi.ts"
 DOCUMENT = Path(REPO) / "docs" / "openapi.json"
+GUIDE = Path(REPO) / "docs" / "typescript.md"
 WHAT = "the TypeScript client's tests"
 MIN_NODE = (20, 0)
 NODE_TIMEOUT = 360
@@ -163,9 +165,18 @@ async def test_the_package_against_a_real_server(built: Node, served: Stack) -> 
     assert any(b"last-event-id:" in head.lower() for head in proxy.heads)
 
 
-def test_npm_pack_installs_offline_and_imports(built: Node, tmp_path: Path) -> None:
+def guide_script() -> str:
+    """The first js block of docs/typescript.md's "A first script"."""
+    guide = GUIDE.read_text()
+    found = re.search(r"```js\n(.*?)```", guide[guide.index("## A first script") :], re.S)
+    assert found, "no js block in docs/typescript.md's first script"
+    return found.group(1)
+
+
+def test_npm_pack_installs_offline_and_imports(built: Node, served: Stack, tmp_path: Path) -> None:
     """The tarball holds dist/ (ES modules and .d.ts); a fresh project installs it from the
-    file alone (no runtime dependencies, so offline), imports it, and type-checks a use."""
+    file alone (no runtime dependencies, so offline), imports it, type-checks a use, and runs
+    the guide's first script against a server as the guide says it does."""
     packed = json.loads(
         run(built, built.npm, "pack", "--json", "--pack-destination", str(tmp_path))
     )

@@ -24,6 +24,7 @@ export class SseParser {
   /** The frames completed by `text` (the next piece of the decoded body). */
   feed(text: string): SseFrame[] {
     const frames: SseFrame[] = [];
+    if (text === "") return frames; // an empty piece must not forget a `\r` that ended the last
     let input = text;
     if (this.pendingCr && input.startsWith("\n")) input = input.slice(1); // `\r\n` split in two
     this.pendingCr = false;

@@ -28,8 +28,9 @@ format:  ## fix what ruff can
 reference:  ## regenerate docs/reference.md from the code
 	$(BIN)/python -m app.reference --write
 
-openapi:  ## regenerate docs/openapi.json from the app
+openapi:  ## regenerate docs/openapi.json from the app, and the TypeScript client's types from it
 	$(BIN)/python -m app.api.openapi --write
+	npm run --silent generate --prefix clients/typescript
 
 statements:  ## rewrite app/store/statements.sql, the readable copy of the store's statements
 	$(BIN)/python -m app.store.statements --write

@@ -12,7 +12,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -109,10 +109,13 @@ def running_stack(database_url: str) -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def control_server(stack: Stack) -> Iterator[str]:
+def control_server(
+    stack: Stack, more: Mapping[str, Callable[[], None]] | None = None
+) -> Iterator[str]:
     """An HTTP server on an ephemeral port whose POSTs act on `stack` and answer once done:
-    `/restart-api` (SIGTERM the API, start it again on its port) and `/kill-worker`. Its URL."""
-    actions = {"/restart-api": stack.restart_api, "/kill-worker": stack.kill_worker}
+    `/restart-api` (SIGTERM the API, start it again on its port), `/kill-worker`, and the
+    paths of `more`. Its URL."""
+    actions = {"/restart-api": stack.restart_api, "/kill-worker": stack.kill_worker, **(more or {})}
     lock = threading.Lock()  # one action at a time, as the processes are one set
 
     class Handler(BaseHTTPRequestHandler):

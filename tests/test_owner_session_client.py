@@ -20,13 +20,20 @@ FAST = {"reconnect_delay": 0.02, "max_reconnect_delay": 0.3}
 
 
 class Proxy:
-    """A TCP proxy to a local server. It closes an owner stream's connection once `cut_after`
-    bytes of the answer went through, drops every connection at once on `drop()`, and
-    refuses connections while `down`. It records each owner-events request head."""
+    """A TCP proxy to a local server. It closes a stream's connection (an owner stream's, or
+    one whose request names another of `streams`) once `cut_after` bytes of the answer went
+    through, drops every connection at once on `drop()`, and refuses connections while
+    `down`. It records each such stream's request head."""
 
-    def __init__(self, target_port: int, cut_after: int | None = None) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        cut_after: int | None = None,
+        streams: tuple[bytes, ...] = (b"/owner-events",),
+    ) -> None:
         self.target_port = target_port
         self.cut_after = cut_after
+        self.streams = streams
         self.down = False
         self.heads: list[bytes] = []
         self.cuts = 0
@@ -82,7 +89,7 @@ class Proxy:
     ) -> None:
         with contextlib.suppress(OSError):
             while chunk := await reader.read(65536):
-                if b"/owner-events" in chunk:
+                if any(stream in chunk for stream in self.streams):
                     self.heads.append(chunk)
                     limit["left"] = self.cut_after
                 writer.write(chunk)

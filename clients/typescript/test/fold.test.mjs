@@ -1,0 +1,235 @@
+// SessionFold (src/fold.ts), pure: fast-check properties over generated session logs (replays
+// and duplicates change nothing; a resume fails exactly its repaired calls; a stream's fold
+// ends as a transcript's), as tests/test_session_fold.py has them for the Python fold.
+import assert from "node:assert/strict";
+import test from "node:test";
+import fc from "fast-check";
+import { INTERRUPTED, SessionFold, StreamEvent } from "../dist/index.js";
+
+const TS = "2025-01-01T00:00:00.000Z";
+const RUNS = { numRuns: 300 };
+
+function durable(seq, type, data) {
+  const envelope = { id: String(seq), type, sessionId: "s1", ownerId: "o1", ts: TS, seq, attempt: 1, data, phase: "live" };
+  return new StreamEvent(type, String(seq), envelope);
+}
+
+function delta(text) {
+  return new StreamEvent("message_delta", null, { type: "message_delta", sessionId: "s1", ownerId: "o1", ts: TS, data: { text } });
+}
+
+function caughtUp(cursor) {
+  return new StreamEvent("caught_up", null, { replayed: cursor, fromEventId: "0", cursor: String(cursor) });
+}
+
+const words = fc.string({ unit: fc.constantFrom("a", "b", "c", " "), maxLength: 4 });
+const STEPS = ["start", "turn", "tool", "approval", "crash", "end", "message", "question", "retry"];
+
+// A log as a list of steps, each drawing what it needs: fast-check shrinks it as a whole.
+const step = fc.record({
+  kind: fc.constantFrom(...STEPS),
+  texts: fc.array(words, { maxLength: 3 }),
+  text: words,
+  n: fc.nat(2),
+  pick: fc.nat(100),
+  picks: fc.uniqueArray(fc.nat(20), { maxLength: 4 }),
+  flags: fc.tuple(fc.boolean(), fc.boolean(), fc.boolean()),
+  choice: fc.nat(3),
+});
+
+function build(first, steps) {
+  const frames = [];
+  const calls = [];
+  let seq = 0;
+  const add = (type, data) => frames.push(durable(++seq, type, data));
+  const stream = (texts) => frames.push(...texts.map(delta));
+  const pick = (s) => calls[s.pick % calls.length];
+  add("user_message", { text: first, delivery: "queued" });
+  for (const s of steps) {
+    const [a, b, c] = s.flags;
+    switch (s.kind) {
+      case "start":
+        add("session_start", { workerId: "w", pid: 1, attempt: 1 });
+        break;
+      case "turn": {
+        stream(s.texts);
+        const ids = Array.from({ length: s.n }, (_, i) => `call_${calls.length + i}`);
+        calls.push(...ids);
+        const toolCalls = ids.map((id) => ({ id, name: "put_note", arguments: { key: id } }));
+        const stopReason = ids.length ? "tool_use" : ["stop", "length", "aborted"][s.choice % 3];
+        add("assistant_message", { text: s.text, toolCalls, stopReason });
+        break;
+      }
+      case "tool": {
+        if (!calls.length) break;
+        const id = pick(s);
+        add("tool_call_start", { toolCallId: id, name: "put_note", arguments: {} });
+        if (a) add("tool_result", { toolCallId: id, name: "put_note", isError: b, content: s.text, ...(b && c ? { timedOut: true } : {}) });
+        break;
+      }
+      case "approval": {
+        if (!calls.length) break;
+        const id = pick(s);
+        add("tool_approval_requested", { toolCallId: id, name: "put_note", arguments: {} });
+        if (a) add("tool_approval_decided", { toolCallId: id, approved: b });
+        break;
+      }
+      case "crash": {
+        stream(s.texts.slice(0, 2));
+        if (a) add("session_interrupted", { reason: "shutdown" });
+        const repaired = calls.length ? [...new Set(s.picks.map((i) => calls[i % calls.length]))] : [];
+        add("session_resumed", { reason: "crash", attempt: 2, repairedToolCalls: repaired });
+        break;
+      }
+      case "end": {
+        const status = ["succeeded", "failed", "cancelled", "waiting"][s.choice];
+        add("session_end", status === "failed" ? { status, error: { code: "X", message: "m" } } : { status });
+        break;
+      }
+      case "message":
+        add("user_message", { text: s.text, delivery: a ? "queued" : "steer" });
+        break;
+      case "question":
+        add("user_question", { question: s.text });
+        break;
+      case "retry":
+        stream(s.texts.length ? s.texts.slice(0, 2) : ["x"]);
+        add("model_retry", { attempt: 1, delayMs: 10, reason: "server_error" });
+        break;
+    }
+  }
+  return frames;
+}
+
+const logs = fc.tuple(words, fc.array(step, { maxLength: 14 })).map(([first, steps]) => build(first, steps));
+
+function fold(frames) {
+  const folding = new SessionFold();
+  for (const frame of frames) folding.apply(frame);
+  return folding.snapshot();
+}
+
+const durableOnly = (frames) => frames.filter((f) => f.id !== null);
+
+test("each durable event twice is once", () => {
+  fc.assert(
+    fc.property(logs, (frames) => {
+      const doubled = frames.flatMap((f) => (f.id !== null ? [f, f] : [f]));
+      assert.deepEqual(fold(doubled), fold(frames));
+    }),
+    RUNS,
+  );
+});
+
+test("a reconnect that replays changes nothing", () => {
+  fc.assert(
+    fc.property(logs, fc.nat(), fc.nat(), (frames, x, y) => {
+      // Seen up to k, then a reconnect from an older cursor replays the durable events from j
+      // (deltas are never replayed), with a caught_up, then the rest.
+      const k = x % (frames.length + 1);
+      const j = y % (k + 1);
+      const replay = [...frames.slice(0, k), ...durableOnly(frames.slice(j, k)), caughtUp(k), ...frames.slice(k)];
+      assert.deepEqual(fold(replay), fold(frames));
+    }),
+    RUNS,
+  );
+});
+
+test("any prefix twice is once", () => {
+  fc.assert(
+    fc.property(logs, fc.nat(), (frames, x) => {
+      const prefix = durableOnly(frames).slice(0, x % (frames.length + 1));
+      const folding = new SessionFold();
+      folding.applyAll(prefix);
+      const once = folding.snapshot();
+      assert.equal(folding.applyAll(prefix), false, "a repeat reported a change");
+      assert.deepEqual(folding.snapshot(), once);
+    }),
+    RUNS,
+  );
+});
+
+test("a stream folds as its transcript", () => {
+  fc.assert(
+    fc.property(logs, (frames) => {
+      // Deltas only ever show a draft: without it, the picture is the transcript's.
+      const streamed = fold(frames);
+      const logged = fold(durableOnly(frames).map((f) => f.event()));
+      assert.deepEqual(streamed.messages.filter((m) => m.seq !== null), logged.messages);
+      assert.deepEqual([streamed.toolCalls, streamed.status, streamed.lastSeq], [logged.toolCalls, logged.status, logged.lastSeq]);
+      if (frames.length && frames.at(-1).id !== null) assert.equal(streamed.draft, null);
+    }),
+    RUNS,
+  );
+});
+
+test("a resume fails exactly its repaired calls", () => {
+  fc.assert(
+    fc.property(logs, fc.uniqueArray(fc.nat(30), { maxLength: 5 }), (frames, picks) => {
+      const before = fold(frames);
+      const known = [...before.toolCalls.map((c) => c.id), "call_unknown"];
+      const repaired = [...new Set(picks.map((i) => known[i % known.length]))];
+      const resumed = durable(before.lastSeq + 1, "session_resumed", { reason: "crash", repairedToolCalls: repaired });
+      const after = fold([...frames, resumed]);
+      const callsBefore = new Map(before.toolCalls.map((c) => [c.id, c]));
+      const callsAfter = new Map(after.toolCalls.map((c) => [c.id, c]));
+      assert.deepEqual(new Set(callsAfter.keys()), new Set([...callsBefore.keys(), ...repaired]));
+      for (const [id, call] of callsAfter) {
+        if (repaired.includes(id)) assert.deepEqual([call.status, call.error, call.interrupted], ["failed", INTERRUPTED, true]);
+        else assert.deepEqual(call, callsBefore.get(id));
+      }
+      assert.deepEqual([after.status, after.draft], ["running", null]);
+    }),
+    RUNS,
+  );
+});
+
+test("numbered deltas replayed after a reconnect repeat no text", () => {
+  fc.assert(
+    fc.property(fc.array(words, { minLength: 1, maxLength: 8 }), fc.nat(), (texts, x) => {
+      const chunk = (i) => new StreamEvent("message_delta", `1.${i + 1}`, { type: "message_delta", afterSeq: 1, chunk: i + 1, data: { text: texts[i] } });
+      const all = texts.map((_, i) => chunk(i));
+      const k = x % (all.length + 1);
+      const folding = new SessionFold();
+      folding.applyAll([durable(1, "session_start", {}), ...all.slice(0, k), ...all]);
+      assert.equal(folding.draft, texts.join(""));
+    }),
+    RUNS,
+  );
+});
+
+test("streamed text is replaced by the final message", () => {
+  const folding = new SessionFold();
+  folding.apply(durable(1, "user_message", { text: "hi", delivery: "queued" }));
+  assert.equal(folding.status, "queued");
+  folding.apply(durable(2, "session_start", { workerId: "w", pid: 1, attempt: 1 }));
+  for (const text of ["Hel", "lo"]) assert.ok(folding.apply(delta(text)));
+  assert.deepEqual(folding.messages.map((m) => [m.role, m.text, m.seq]), [["user", "hi", 1], ["assistant", "Hello", null]]);
+  folding.apply(durable(3, "assistant_message", { text: "Hello!", stopReason: "stop" }));
+  folding.apply(durable(4, "session_end", { status: "succeeded" }));
+  assert.deepEqual(folding.messages.map((m) => [m.role, m.text, m.seq]), [["user", "hi", 1], ["assistant", "Hello!", 3]]);
+  assert.deepEqual([folding.status, folding.draft, folding.lastSeq], ["succeeded", null, 4]);
+});
+
+test("tool calls go through their states", () => {
+  const folding = new SessionFold();
+  const call = { id: "c1", name: "put_note", arguments: { key: "k" } };
+  folding.apply(durable(1, "user_message", { text: "note", delivery: "queued" }));
+  folding.apply(durable(2, "session_start", {}));
+  folding.apply(durable(3, "assistant_message", { text: "", toolCalls: [call], stopReason: "tool_use" }));
+  const states = [folding.toolCalls.get("c1").status];
+  folding.apply(durable(4, "tool_approval_requested", { toolCallId: "c1", name: "put_note" }));
+  folding.apply(durable(5, "session_end", { status: "waiting" }));
+  states.push(folding.toolCalls.get("c1").status);
+  folding.apply(durable(6, "tool_approval_decided", { toolCallId: "c1", approved: true }));
+  states.push(folding.toolCalls.get("c1").status);
+  assert.equal(folding.status, "queued");
+  folding.apply(durable(7, "session_resumed", { repairedToolCalls: [] }));
+  folding.apply(durable(8, "tool_call_start", { toolCallId: "c1", name: "put_note" }));
+  states.push(folding.toolCalls.get("c1").status);
+  folding.apply(durable(9, "tool_result", { toolCallId: "c1", name: "put_note", isError: false, content: "saved" }));
+  const done = folding.toolCalls.get("c1");
+  assert.deepEqual([...states, done.status], ["pending", "awaiting_approval", "approved", "running", "succeeded"]);
+  assert.deepEqual([done.name, done.arguments, done.result, done.error], ["put_note", { key: "k" }, "saved", null]);
+  assert.deepEqual(folding.messages.at(-1).toolCallIds, ["c1"]);
+});

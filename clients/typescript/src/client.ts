@@ -17,6 +17,7 @@ export type CreateSession = Schemas["CreateSession"];
 export type CancelAccepted = Schemas["CancelAccepted"];
 export type MessageAccepted = Schemas["MessageAccepted"];
 export type ApprovalAccepted = Schemas["ApprovalAccepted"];
+export type ToolResultAccepted = Schemas["ToolResultAccepted"];
 export type Transcript = Schemas["Transcript"];
 export type ToolList = Schemas["ToolList"];
 export type ToolInfo = Schemas["ToolInfo"];
@@ -160,6 +161,12 @@ export class Ferryman implements StreamTransport {
     const body = reason === undefined ? { approved } : { approved, reason };
     const path = `${sessionPath(sessionId)}/tool-calls/${segment(toolCallId)}/approval`;
     return this.json({ method: "POST", path, body, signal: options.signal });
+  }
+
+  /** The result of a client tool's call the session waits for (operation `postToolResult`). */
+  postToolResult(sessionId: string, toolCallId: string, content: string, isError = false, options: RequestOptions = {}): Promise<ToolResultAccepted> {
+    const path = `${sessionPath(sessionId)}/tool-calls/${segment(toolCallId)}/result`;
+    return this.json({ method: "POST", path, body: { content, isError }, signal: options.signal });
   }
 
   /** GET /api/agent/{id}/transcript: events after seq `after`. */

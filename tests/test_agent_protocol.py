@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -28,9 +29,11 @@ from tests.support import (
     ServerProcess,
     StartWorker,
     assert_problem,
+    client,
     create_owner_key,
     free_port,
     ready,
+    sse,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -91,8 +94,23 @@ async def collect(stream: AsyncIterator[StreamPart]) -> list[StreamPart]:
 
 
 async def test_threads(sdk: LangGraphClient, protocol_api: ServerProcess, key: str) -> None:
+    async with client(protocol_api.url, key) as http:
+        before = (await http.get("/api/agent", params={"limit": 1})).json()["cursor"]
     thread = await sdk.threads.create(metadata={"user": "ann"})
     tid = thread["thread_id"]
+    # Its session_created (written in the insert's statement) shows the session as GET does.
+    async with client(protocol_api.url, key) as http:
+        native = (await http.get(f"/api/agent/{tid}")).json()
+        created = []
+        async with (
+            asyncio.timeout(10),
+            sse(http, "/api/agent/owner-events", last_event_id=before) as events,
+        ):
+            async for event in events:
+                if event.event == "caught_up":
+                    break
+                created.append(json.loads(event.data))
+    assert [(e["type"], e["data"]["session"]) for e in created] == [("session_created", native)]
     assert thread["status"] == "idle"
     assert thread["metadata"]["user"] == "ann"
     got = await sdk.threads.get(tid)

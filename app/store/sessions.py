@@ -65,6 +65,30 @@ _CREATE_SESSION = statement(
     RETURNING {SESSION_COLUMNS}
     """,
 )
+# An idle session and its `session_created` in one statement, outside any transaction: the
+# event's session view is built by `session_view` from what the insert writes, and the two
+# timestamps the database chose are set into it here (`rfc3339`'s form: milliseconds, cut).
+_RFC3339 = '\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\''
+_CREATE_IDLE_SESSION = statement(
+    "create_idle_session",
+    f"""
+    WITH s AS (
+        INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
+        VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}')
+        ON CONFLICT (id) DO NOTHING
+        RETURNING {SESSION_COLUMNS}
+    ), {
+        owner_event_ctes(
+            "s",
+            f"'{OwnerEventType.SESSION_CREATED}'",
+            "jsonb_build_object('session', %(view)s::jsonb || jsonb_build_object("
+            f"'createdAt', to_char(s.created_at AT TIME ZONE 'UTC', {_RFC3339}),"
+            f" 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', {_RFC3339})))",
+        )
+    }
+    SELECT * FROM s
+    """,
+)
 _LIST_SESSIONS = statement(
     "list_sessions",
     f"""
@@ -261,6 +285,49 @@ async def create_session(
     if new.prompt is not None:
         await notify(conn, WORK_KEY)
     return row, True
+
+
+async def create_idle_session(
+    conn: Connection,
+    owner_id: str,
+    session_id: UUID,
+    title: str,
+    model: str,
+    metadata: dict[str, Any],
+) -> dict[str, Any] | None:
+    """An idle session with no event (its definition comes with its first run) and its
+    `session_created`, in one statement; None when a session with this id exists."""
+    written: dict[str, Any] = {
+        "id": session_id,
+        "owner_id": owner_id,
+        "title": title,
+        "status": Status.IDLE,
+        "model": model,
+        "prompt": "",
+        "metadata": metadata,
+        "model_settings": {},
+    }
+    cur = await conn.execute(
+        _CREATE_IDLE_SESSION,
+        {
+            "id": session_id,
+            "owner": owner_id,
+            "title": title,
+            "model": model,
+            "metadata": Jsonb(metadata),
+            "view": Jsonb(session_view(_new_row(written))),
+        },
+    )
+    return await cur.fetchone()
+
+
+def _new_row(written: dict[str, Any]) -> dict[str, Any]:
+    """A `sessions` row as the insert of `written` makes it, every other column at its default
+    (the timestamps left to the database)."""
+    row = dict.fromkeys(c.strip() for c in SESSION_COLUMNS.split(","))
+    counters = ("attempt", "last_seq", "delivered_seq", "input_tokens", "output_tokens")
+    row.update(dict.fromkeys((*counters, "cached_tokens", "resumes"), 0))
+    return {**row, **written}
 
 
 async def replay_idempotent(

@@ -141,6 +141,36 @@ SELECT count(*) AS n FROM sessions, LATERAL (
       AND e.seq > greatest(sessions.delivered_seq, %(delivered)s)) e
 WHERE sessions.id = %(session_id)s;
 
+-- name: create_idle_session
+WITH s AS (
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
+    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}')
+    ON CONFLICT (id) DO NOTHING
+    RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version, client_tools
+
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM s GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_created', jsonb_build_object('session', %(view)s::jsonb || jsonb_build_object('createdAt', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))
+    FROM s s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM s;
+
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,

@@ -10,8 +10,6 @@ import json
 from typing import Any
 from uuid import UUID
 
-from psycopg.errors import UniqueViolation
-
 from app.domain import MAX_MESSAGE_CHARS, Status
 from app.errors import ClientToolNotPending, InputNotSupported, NoPendingInterrupt
 from app.protocols.ag_ui.fold import METADATA_KEY, AgUiFold
@@ -44,12 +42,9 @@ async def thread_of(services: Services, owner: str, assistant_id: str, body: Run
         if await session_store.session_row(conn, sid) is not None:
             return sid
     await agent_service.definition_of(services, owner, _run_create(assistant_id, body))
-    try:
-        async with services.db.transaction() as conn:
-            metadata = {"protocol": "ag-ui"}
-            await agent_service.create_idle_thread(conn, owner, services, sid, metadata)
-    except UniqueViolation:
-        pass  # a concurrent first run made it: whose it is, start_run reads
+    async with services.db.connection() as conn:
+        # None: a concurrent first run made it; whose it is, start_run reads.
+        await agent_service.create_idle_thread(conn, owner, services, sid, {"protocol": "ag-ui"})
     return sid
 
 

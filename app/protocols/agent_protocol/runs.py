@@ -50,10 +50,8 @@ async def _thread_for_run(services: Services, owner: str, thread_id: str, body: 
     sid = service.parse_thread_id(thread_id)
     if body.if_not_exists != "create":
         return sid
-    async with services.db.transaction() as conn:
-        existing = await session_store.session_row(conn, sid)
-        if existing is None:
-            await service.create_idle_thread(conn, owner, services, sid, {})
+    async with services.db.connection() as conn:
+        await service.create_idle_thread(conn, owner, services, sid, {})  # None: it exists
     return sid
 
 
@@ -73,7 +71,7 @@ async def _start_stateless(
     service.check_served(body, stateless=True)
     sid = uuid4()
     metadata = service.stateless_metadata(body.on_completion)
-    async with services.db.transaction() as conn:
+    async with services.db.connection() as conn:
         await service.create_idle_thread(conn, owner, services, sid, metadata)
     try:
         return await service.start_run(services, owner, sid, body)

@@ -219,18 +219,12 @@ def history(
 
 async def create_idle_thread(
     conn: Connection, owner: str, services: Services, sid: UUID, metadata: dict[str, Any]
-) -> dict[str, Any]:
-    """A new idle session (no event until its first run) with the id `sid`."""
-    new = session_store.NewSession(
-        prompt=None,
-        title="New thread",
-        model=services.settings.model,
-        script=None,
-        tools=None,
-        metadata={**metadata, "graph_id": GRAPH_ID},
+) -> dict[str, Any] | None:
+    """A new idle session (no event until its first run) with the id `sid`; None when a
+    session with that id exists, whoever's it is."""
+    return await session_store.create_idle_session(
+        conn, owner, sid, "New thread", services.settings.model, {**metadata, "graph_id": GRAPH_ID}
     )
-    row, _ = await session_store.create_session(conn, owner, new, None, session_id=sid)
-    return row
 
 
 def stateless_metadata(on_completion: str | None) -> dict[str, Any]:

@@ -34,16 +34,20 @@ async def create_thread(
     if body.supersteps:
         raise NotServed("threads.create with supersteps: Ferryman's state has no nodes to update")
     wanted = _new_thread_id(body.thread_id)
-    async with services.db.transaction() as conn:
-        if body.thread_id is not None:
-            existing = await session_store.session_row(conn, wanted)
-            if existing is not None:
-                mine = existing["owner_id"] == owner and existing["deleted_at"] is None
-                if mine and body.if_exists == "do_nothing":
-                    return service.thread_view(existing, None)
-                raise ThreadExists(f"thread {wanted} exists", threadId=str(wanted))
+    async with services.db.connection() as conn:
         row = await service.create_idle_thread(conn, owner, services, wanted, body.metadata or {})
+        if row is None:
+            existing = await session_store.session_row(conn, wanted)
+            if existing is not None and _reusable(existing, owner, body):
+                return service.thread_view(existing, None)
+            raise ThreadExists(f"thread {wanted} exists", threadId=str(wanted))
     return service.thread_view(row, None)
+
+
+def _reusable(existing: dict[str, Any], owner: str, body: ThreadCreate) -> bool:
+    """`if_exists: do_nothing` answers with the caller's own live thread of that id."""
+    mine = existing["owner_id"] == owner and existing["deleted_at"] is None
+    return mine and body.if_exists == "do_nothing"
 
 
 def _new_thread_id(raw: str | None) -> UUID:

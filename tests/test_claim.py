@@ -69,9 +69,9 @@ def test_a_deleted_session_still_running_is_claimed(crowded: str) -> None:
 
 
 def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
-    """One statement claims several sessions of several owners: each owner's feed gets one
-    `session_status running` per session, numbered on from its cursor with no gap, in the
-    order the sessions were created, and its stream is notified."""
+    """One statement claims several sessions of several owners, taking turns between owners:
+    each owner's feed gets one `session_status running` per session, numbered on from its
+    cursor with no gap, in the order the sessions were created, and its stream is notified."""
     with (
         fresh_database("ferryman_claim_batch") as url,
         psycopg.connect(url, autocommit=True) as conn,
@@ -87,7 +87,8 @@ def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
             )
         conn.execute(f"LISTEN {STREAMS_CHANNEL}")
         rows = conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4}).fetchall()
-        assert [row[2] for row in rows] == ["s0", "s1", "s2", "s3"]  # title: oldest first
+        # Titles: each owner's oldest first, the owners in turn (a's third waits for b's second).
+        assert [row[2] for row in rows] == ["s0", "s1", "s2", "s4"]
         events = conn.execute(
             "SELECT e.owner_id, e.id, s.title, e.type, e.data FROM owner_events e"
             " JOIN sessions s ON s.id = e.session_id ORDER BY e.owner_id, e.id"
@@ -95,20 +96,20 @@ def test_a_batch_claim_announces_each_session_in_order_without_gaps() -> None:
         assert [(owner, event_id, title) for owner, event_id, title, _, _ in events] == [
             ("a", 8, "s0"),
             ("a", 9, "s2"),
-            ("a", 10, "s3"),
             ("b", 1, "s1"),
+            ("b", 2, "s4"),
         ]
         assert all(
             kind == "session_status" and data == {"status": "running", "attempt": 1, "resumes": 0}
             for _, _, _, kind, data in events
         )
         cursors = dict(conn.execute("SELECT owner_id, last_id FROM owner_cursors").fetchall())
-        assert cursors == {"a": 10, "b": 1}
+        assert cursors == {"a": 9, "b": 2}
         keys = {note.payload for note in conn.notifies(timeout=1, stop_after=6)}
         claimed = {f"s:{row[0]}" for row in rows}  # and each one's `session_start`
         assert keys == {"o:a", "o:b"} | claimed
         # The rest, and then nothing.
-        assert [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4})] == ["s4"]
+        assert [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4})] == ["s3"]
         assert conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4}).fetchall() == []
 
 
@@ -164,3 +165,38 @@ def test_a_first_claim_logs_session_start_and_brings_it_in_the_head() -> None:
         cut = conn.execute(CLAIM_SQL, {**params, "head_bytes": 10}).fetchone()
         assert cut is not None and cut["id"] == other and cut["last_seq"] == 2
         assert cut["head"] is None
+
+
+def test_one_owners_backlog_does_not_hold_back_another_owners_sessions() -> None:
+    """Owner a queues 500 sessions, then owner b queues 3: claims take the two owners in turn,
+    so b's three are among the first six claimed, and each owner's go first queued, first
+    claimed. A session queued again (a follow-up) takes a new turn on its owner's clock."""
+    with (
+        fresh_database("ferryman_claim_fair") as url,
+        psycopg.connect(url, autocommit=True) as conn,
+    ):
+        conn.execute("INSERT INTO workers (id, pid, hostname) VALUES ('w:1', 1, 'test')")
+        queue = (
+            "INSERT INTO sessions (id, owner_id, title, status, model, prompt)"
+            " SELECT gen_random_uuid(), %s, %s || n, 'queued', 'scripted', 'p'"
+            " FROM generate_series(1, %s) AS n"
+        )
+        conn.execute(queue, ("a", "a", 500))
+        conn.execute(queue, ("b", "b", 3))
+        claimed = [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4})]
+        claimed += [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 2})]
+        assert claimed == ["a1", "b1", "a2", "b2", "a3", "b3"]
+        before, requeued = conn.execute(
+            "WITH old AS (SELECT claim_key FROM sessions WHERE title = 'b1'),"
+            " done AS (UPDATE sessions SET status = 'succeeded' WHERE title = 'b1')"
+            " SELECT (SELECT claim_key FROM old), clock_timestamp()"
+        ).fetchone()  # type: ignore[misc]
+        (after,) = conn.execute(
+            "UPDATE sessions SET status = 'queued' WHERE title = 'b1' RETURNING claim_key"
+        ).fetchone()  # type: ignore[misc]
+        assert after > before and after >= requeued
+        # It comes after b's own queue (its clock moved on by b3), before a's backlog's rest.
+        assert [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 2})] == [
+            "a4",
+            "b1",
+        ]

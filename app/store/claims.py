@@ -18,7 +18,9 @@ from app.store.sessions import SESSION_COLUMNS
 from app.store.statements import statement
 
 # Every branch implies the `sessions_claimable` index's predicate (status queued or running), so
-# a claim reads that index in creation order, never the finished sessions (tests/test_claim.py).
+# a claim reads that index in the order of the sessions' claim keys, never the finished sessions
+# (tests/test_claim.py). The keys are fair across owners: each owner's queued sessions are
+# spaced out on its own clock (alembic/versions/0016_fair_claims.py, docs/fairness.md).
 #
 # One statement, so one round trip and no transaction around it: it takes up to %(limit)s
 # sessions, appends their `session_status` owner events (`owner_event_ctes`: the cursor rows are
@@ -45,7 +47,7 @@ CLAIM_SQL = statement(
                 OR s.lease_expires_at < clock_timestamp()
                 OR EXISTS (SELECT 1 FROM workers w
                            WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-        ORDER BY s.created_at
+        ORDER BY s.claim_key
         LIMIT %(limit)s
         FOR UPDATE OF s SKIP LOCKED
     ), claimed AS (
@@ -57,7 +59,7 @@ CLAIM_SQL = statement(
             lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
             updated_at = clock_timestamp()
         FROM candidate WHERE s.id = candidate.id
-        RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}
+        RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}, s.claim_key
     ), started AS (
         INSERT INTO session_events (session_id, seq, attempt, type, data)
         SELECT s.id, s.last_seq, s.attempt, '{SessionEventType.SESSION_START}',
@@ -91,7 +93,7 @@ CLAIM_SQL = statement(
         FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
               FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
         WHERE e.upto <= %(head_bytes)s) h
-    ORDER BY s.created_at
+    ORDER BY s.claim_key
 """,
 )
 # The start of each claimed session's log the claim brings along (`head`), at most this many

@@ -64,7 +64,7 @@ WITH candidate AS (
             OR s.lease_expires_at < clock_timestamp()
             OR EXISTS (SELECT 1 FROM workers w
                        WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-    ORDER BY s.created_at
+    ORDER BY s.claim_key
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
@@ -76,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -119,7 +119,7 @@ CROSS JOIN LATERAL (
     FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
           FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
     WHERE e.upto <= %(head_bytes)s) h
-ORDER BY s.created_at;
+ORDER BY s.claim_key;
 
 -- name: client_call_events
 SELECT seq, type, data FROM session_events

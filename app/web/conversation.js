@@ -317,5 +317,3 @@ const HANDLERS = {
   session_interrupted: Conversation.prototype.interrupted,
   session_end: Conversation.prototype.sessionEnd,
 };
-
-export const SESSION_EVENT_TYPES = [...Object.keys(HANDLERS), 'message_delta'];

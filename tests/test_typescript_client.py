@@ -72,6 +72,7 @@ TESTS = {
         "numbered deltas replayed after a reconnect repeat no text",
         "streamed text is replaced by the final message",
         "tool calls go through their states",
+        "a delta of a turn that ended or was dropped is stale; the cursor holds a turn's chunks",
     ],
     "sse.test.mjs": ["frames are the same whatever the cuts and line ends"],
 }

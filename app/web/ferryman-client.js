@@ -615,10 +615,18 @@ var SessionFold = class {
   draft = null;
   chunk = [0, 0];
   // (afterSeq, chunk) of the last delta applied
+  turnEnded = 0;
+  // seq of the last event that ended or dropped a turn
   list = [];
   calls = /* @__PURE__ */ new Map();
   constructor(options = {}) {
     this.status = options.status ?? null;
+  }
+  /** Where a stream of this session goes on from (`sessionEvents`' `after`): the last event's
+   * seq, and while a turn streams, its chunks held too (`<seq>.<chunk>`, a delta's id), so a
+   * reconnect sends only the chunks missed. */
+  get cursor() {
+    return this.draft !== null && this.chunk[1] > 0 ? `${this.lastSeq}.${this.chunk[1]}` : this.lastSeq;
   }
   /** The messages, and the turn streaming now (if any) last. */
   get messages() {
@@ -645,6 +653,8 @@ var SessionFold = class {
     const { type, seq, data, envelope } = parts(event);
     if (seq === null) {
       if (type !== "message_delta") return false;
+      const afterSeq = envelope.afterSeq;
+      if (Number.isInteger(afterSeq) && afterSeq < this.turnEnded) return false;
       const chunk = chunkOf(envelope);
       if (chunk !== null) {
         if (before(chunk, this.chunk)) return false;
@@ -663,6 +673,11 @@ var SessionFold = class {
     for (const event of events) changed = this.apply(event) || changed;
     return changed;
   }
+  /** The draft goes (replaced, retried or cut off), and deltas after an earlier event with it. */
+  endTurn() {
+    this.draft = null;
+    this.turnEnded = this.lastSeq;
+  }
   // --- one method per durable event type -------------------------------------------------
   userMessage(data) {
     const delivery = data.delivery === void 0 ? "queued" : str(data.delivery);
@@ -671,7 +686,7 @@ var SessionFold = class {
     if (delivery === "queued") this.status = "queued";
   }
   started() {
-    this.draft = null;
+    this.endTurn();
     this.status = "running";
     this.error = null;
   }
@@ -684,7 +699,7 @@ var SessionFold = class {
     }
   }
   assistantMessage(data) {
-    this.draft = null;
+    this.endTurn();
     const calls = (Array.isArray(data.toolCalls) ? data.toolCalls : []).filter(isRecord);
     for (const call of calls) {
       const id = str(call.id);
@@ -730,10 +745,10 @@ var SessionFold = class {
     this.question = { ...data };
   }
   turnDropped() {
-    this.draft = null;
+    this.endTurn();
   }
   sessionEnd(data) {
-    this.draft = null;
+    this.endTurn();
     if (data.status !== void 0) this.status = str(data.status);
     this.error = isRecord(data.error) ? { ...data.error } : null;
   }

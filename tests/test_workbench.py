@@ -226,7 +226,8 @@ def assert_log_matches(page: Page, http: httpx.Client, sid: str) -> None:
 
 
 def test_assets_load_and_the_fold_behaves_in_the_browser(page: Page, web: ServerProcess) -> None:
-    """The pure fold (conversation.js) fed synthetic logs in the page's own engine: timeouts,
+    """The pure fold (conversation.js over the bundled SessionFold: the bundle loads as a plain
+    ES module) fed synthetic logs in the page's own engine: timeouts,
     retries that drop partial text, a resume that marks exactly the repaired calls, stale and
     replayed frames."""
     page.goto(web.url)

@@ -89,12 +89,6 @@ export class Conversation {
     return true;
   }
 
-  applyAll(events) {
-    let changed = false;
-    for (const event of events) changed = this.apply(event) || changed;
-    return changed;
-  }
-
   // The items and, last, the turn streaming now.
   get view() {
     return this.draft ? [...this.items, this.draftItem()] : this.items;

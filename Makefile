@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LINTED := app clients/python tests bench alembic
 TYPED := app clients/python/src alembic
 
-.PHONY: venv test test-fast lint format reference openapi statements bench ci
+.PHONY: venv test test-fast lint format reference openapi web-client statements bench ci
 
 venv:  ## the README's install, editable, with the test tools
 	python3 -m venv $(VENV) && $(BIN)/pip install -q -e ./clients/python -e '.[test]'
@@ -31,6 +31,9 @@ reference:  ## regenerate docs/reference.md from the code
 openapi:  ## regenerate docs/openapi.json from the app, and the TypeScript client's types from it
 	$(BIN)/python -m app.api.openapi --write
 	npm run --silent generate --prefix clients/typescript
+
+web-client:  ## rebundle app/web/ferryman-client.js, the workbench's copy of @ferryman/client
+	npm run --silent web --prefix clients/typescript
 
 statements:  ## rewrite app/store/statements.sql, the readable copy of the store's statements
 	$(BIN)/python -m app.store.statements --write

@@ -317,3 +317,25 @@ def test_a_transcripts_events_fold_like_frames() -> None:
     from_events.apply_all([frame.event() for frame in log.frames])
     assert from_events.snapshot() == fold(log.frames)
     assert not from_events.apply(caught_up(4))
+
+
+def test_a_delta_of_a_turn_that_ended_is_stale_and_the_cursor_holds_chunks() -> None:
+    """As the TypeScript fold: a late chunk starts no new draft; mid-turn, `<seq>.<chunk>`."""
+
+    def chunk(after: int, n: int, text: str) -> StreamEvent:
+        envelope = {"type": "message_delta", "afterSeq": after, "chunk": n, "data": {"text": text}}
+        return StreamEvent("message_delta", f"{after}.{n}", {"text": text}, envelope)
+
+    folding = SessionFold()
+    folding.apply(durable(1, "session_start", {"workerId": "w", "pid": 1, "attempt": 1}))
+    folding.apply_all([chunk(1, 1, "Half "), chunk(1, 2, "an ans")])
+    assert folding.cursor == "1.2"
+    folding.apply(durable(2, "model_retry", {"attempt": 1, "delayMs": 10}))
+    assert folding.cursor == 2
+    assert not folding.apply(chunk(1, 3, "late"))  # a chunk of the retried turn
+    assert folding.draft is None
+    assert folding.apply(chunk(2, 1, "Whole"))
+    folding.apply(durable(3, "assistant_message", {"text": "Whole", "stopReason": "stop"}))
+    assert not folding.apply(chunk(2, 2, " late"))  # a chunk after its final message
+    assert (folding.draft, folding.cursor) == (None, 3)
+    assert [m.text for m in folding.messages] == ["Whole"]

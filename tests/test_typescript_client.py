@@ -33,6 +33,7 @@ PACKAGE = Path(REPO) / "clients" / "typescript"
 GENERATED = PACKAGE / "src" / "openapi.ts"
 DOCUMENT = Path(REPO) / "docs" / "openapi.json"
 GUIDE = Path(REPO) / "docs" / "typescript.md"
+WEB_BUNDLE = Path(REPO) / "app" / "web" / "ferryman-client.js"
 WHAT = "the TypeScript client's tests"
 MIN_NODE = (20, 0)
 NODE_TIMEOUT = 360
@@ -60,6 +61,7 @@ TESTS = {
         "failed reconnects turn the health signal off, and a reconnect on again",
         "cancel takes 409 as already terminal",
         "a wrong key fails the first snapshot",
+        "a range: a filtered page at a time, and sessions moving into and out of it",
     ],
     "fold.test.mjs": [
         "each durable event twice is once",
@@ -70,6 +72,7 @@ TESTS = {
         "numbered deltas replayed after a reconnect repeat no text",
         "streamed text is replaced by the final message",
         "tool calls go through their states",
+        "a delta of a turn that ended or was dropped is stale; the cursor holds a turn's chunks",
     ],
     "sse.test.mjs": ["frames are the same whatever the cuts and line ends"],
 }
@@ -103,6 +106,19 @@ def test_generated_types_match_the_document(built: Node, tmp_path: Path) -> None
     assert fresh.read_text() == GENERATED.read_text(), (
         "clients/typescript/src/openapi.ts is stale:"
         " run `npm run generate --prefix clients/typescript`"
+    )
+
+
+def test_the_workbench_bundle_is_the_package_as_committed(built: Node, tmp_path: Path) -> None:
+    """app/web/ferryman-client.js is `npm run web`'s bundle of src/, as committed: the workbench
+    loads the package itself, with no build step at run time."""
+    fresh = tmp_path / "ferryman-client.js"
+    script = json.loads((PACKAGE / "package.json").read_text())["scripts"]["web"]
+    assert script.endswith("--outfile=../../app/web/ferryman-client.js"), script
+    command = script.replace("--outfile=../../app/web/ferryman-client.js", f"--outfile={fresh}")
+    run(built, "sh", "-c", command.replace("esbuild", bin_("esbuild"), 1))
+    assert fresh.read_text() == WEB_BUNDLE.read_text(), (
+        "app/web/ferryman-client.js is stale: run `make web-client`"
     )
 
 

@@ -226,7 +226,8 @@ def assert_log_matches(page: Page, http: httpx.Client, sid: str) -> None:
 
 
 def test_assets_load_and_the_fold_behaves_in_the_browser(page: Page, web: ServerProcess) -> None:
-    """The pure fold (conversation.js) fed synthetic logs in the page's own engine: timeouts,
+    """The pure fold (conversation.js over the bundled SessionFold: the bundle loads as a plain
+    ES module) fed synthetic logs in the page's own engine: timeouts,
     retries that drop partial text, a resume that marks exactly the repaired calls, stale and
     replayed frames."""
     page.goto(web.url)
@@ -249,23 +250,6 @@ def test_assets_load_and_the_fold_behaves_in_the_browser(page: Page, web: Server
         "Worker died, resumed on w2 at attempt 2",
     ]
     assert result["followUp"] == ["quiet", "Continued on w3 · attempt 3"]
-
-
-def test_the_list_fold_in_the_browser(page: Page, web: ServerProcess) -> None:
-    """sessions.js: pages and owner events folded once each, never back in time."""
-    page.goto(web.url)
-    result = page.evaluate(in_page("workbench_list.js"))
-    assert result == {
-        "stale": False,  # older than the first page's snapshot
-        "fresh": True,
-        "old": False,  # older than the page that brought `z`
-        "zAfterOld": "succeeded",
-        "replay": False,
-        "fetch": "q",  # unknown here, and it may match the filter now
-        "complete": True,
-        "order": ["c:queued", "b:succeeded", "z:succeeded"],
-        "bRuns": [2, 1, "succeeded"],
-    }
 
 
 def test_create_errors_name_the_field(page: Page, web: ServerProcess) -> None:

@@ -1,6 +1,7 @@
-"""The workbench's fold (app/web/conversation.js) under node: token deltas numbered `chunk`
-are applied once, so a reconnect from an event mid-turn (which replays the turn's stored
-chunks) repeats no text, and the page resumes from `<seq>.<chunk>`."""
+"""The workbench's fold (app/web/conversation.js over the package's SessionFold, which it
+imports from app/web/ferryman-client.js) under node: token deltas numbered `chunk` are applied
+once, so a reconnect from an event mid-turn (which replays the turn's stored chunks) repeats no
+text, and the page resumes from `<seq>.<chunk>`."""
 
 from __future__ import annotations
 

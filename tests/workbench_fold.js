@@ -1,4 +1,5 @@
-// Run in the page by tests/test_workbench.py: the fold of conversation.js fed synthetic logs.
+// Run in the page by tests/test_workbench.py: conversation.js (the chat's items over the
+// package's SessionFold) fed synthetic logs.
 // (The page evaluates this file's function; the test strips these comment lines.)
 async () => {
   const {Conversation, interruptedLabel} = await import('/assets/conversation.js');

@@ -1,4 +1,8 @@
-// The HTTP API: the key (kept for this tab in sessionStorage), requests, problems.
+// The HTTP API through @ferryman/client (ferryman-client.js, the package bundled by
+// `make web-client`): the key, kept for this tab in sessionStorage, and what a person reads
+// for a failure.
+
+import {AuthenticationError, Ferryman, FerrymanConnectionError, FerrymanError} from './ferryman-client.js';
 
 const KEY = 'ferryman.apiKey';
 
@@ -16,51 +20,36 @@ export const auth = {
   onUnauthorized: () => {},
 };
 
-// An answer that is not 2xx: an RFC 9457 problem, or a network failure (status 0).
-export class ApiError extends Error {
-  constructor(status, problem = {}) {
-    const fields = Array.isArray(problem.errors) ? problem.errors : [];
-    super(describe(status, problem, fields));
-    this.status = status;
-    this.code = problem.code || '';
-    this.detail = problem.detail || '';
-    this.fields = fields; // [{field, message, type}] with VALIDATION_ERROR
-    this.problem = problem;
-  }
+let client = null;
+
+// The client for this origin and the tab's key (a new key, a new client). Its streams read
+// `fetch` bodies, so the key rides in the Authorization header, never in a URL.
+export function ferryman() {
+  const key = auth.key || null;
+  if (client === null || client.apiKey !== key) client = new Ferryman({baseUrl: location.origin, apiKey: key});
+  return client;
 }
 
-function describe(status, problem, fields) {
-  if (status === 0) return 'The server cannot be reached. Is it running?';
-  if (fields.length) return fields.map((f) => `${f.field}: ${f.message}`).join('; ');
-  const words = problem.detail || problem.title || `HTTP ${status}`;
-  return problem.code ? `${words} (${problem.code})` : words;
-}
-
-export async function api(method, path, body) {
-  const headers = {Accept: 'application/json'};
-  if (auth.key) headers.Authorization = `Bearer ${auth.key}`;
-  if (body !== undefined) headers['Content-Type'] = 'application/json';
-  let response;
+// `fn(client)`; a refused key asks for another, and is thrown on like any failure.
+export async function call(fn) {
   try {
-    response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
-  } catch {
-    throw new ApiError(0);
+    return await fn(ferryman());
+  } catch (error) {
+    unauthorized(error);
+    throw error;
   }
-  if (!response.ok) {
-    const problem = await response.json().catch(() => ({}));
-    if (response.status === 401) auth.onUnauthorized();
-    throw new ApiError(response.status, problem);
-  }
-  return response.status === 204 ? null : response.json();
 }
 
-// A stream's URL: browsers' EventSource sends no headers, so the key rides in the query.
-export function streamUrl(path, lastEventId) {
-  const query = new URLSearchParams();
-  if (lastEventId !== undefined && lastEventId !== null) query.set('lastEventId', String(lastEventId));
-  if (auth.key) query.set('access_token', auth.key);
-  const text = query.toString();
-  return text ? `${path}?${text}` : path;
+export function unauthorized(error) {
+  if (error instanceof AuthenticationError) auth.onUnauthorized();
+  return error instanceof AuthenticationError;
 }
 
-export const sessionPath = (id, tail = '') => `/api/agent/${encodeURIComponent(id)}${tail}`;
+// What the page says for a failure: each field at fault, or the problem's words and code.
+export function problemText(error) {
+  if (error instanceof FerrymanConnectionError) return 'The server cannot be reached. Is it running?';
+  if (!(error instanceof FerrymanError)) return String(error?.message || error);
+  if (error.errors.length) return error.errors.map((f) => `${f.field}: ${f.message}`).join('; ');
+  const words = error.detail || error.title;
+  return error.code.startsWith('HTTP_') ? words : `${words} (${error.code})`;
+}

@@ -1,46 +1,41 @@
 // The workbench: the session list (live from the owner stream), one session's conversation
-// (live from its session stream), and the actions that fit its state.
+// (live from its session stream), and the actions that fit its state. Every call, stream and
+// the list's picture are @ferryman/client's (ferryman-client.js).
 
-import {api, auth, sessionPath, streamUrl} from './api.js';
+import {auth, call, ferryman, problemText, unauthorized} from './api.js';
 import {AssistantNames, AssistantsView, assistantLabel} from './assistants.js';
 import {ChatView} from './chat.js';
-import {Conversation, SESSION_EVENT_TYPES, TERMINAL, shortWorker} from './conversation.js';
+import {Conversation, TERMINAL, shortWorker} from './conversation.js';
 import {CreateForm} from './create.js';
 import {$, ago, h, json, show, when} from './dom.js';
-import {SessionList} from './sessions.js';
-import {EventStream} from './stream.js';
+import {AuthenticationError, NotFoundError, OwnerSessionClient} from './ferryman-client.js';
 
-const OWNER_TYPES = ['session_created', 'session_status', 'session_title', 'session_active_stage',
-  'session_cancel_requested', 'session_resumed', 'session_deleted'];
 const PAGE_SIZE = 50;
 // Session events after which the session's details (attempt, lease, usage) have moved on.
 const DETAIL_EVENTS = new Set(['user_message', 'session_start', 'session_resumed', 'assistant_message',
   'tool_call_start', 'tool_result', 'tool_approval_requested', 'tool_approval_decided', 'session_end']);
 
 const state = {
-  list: new SessionList(),
-  owner: null, // the owner EventStream
+  owner: null, // the list's OwnerSessionClient, its range the filters
+  everLive: false, // the owner stream has caught up once (else it is still connecting)
+  seen: null, // the owner journal's last entry this page has acted on
   generation: 0, // a newer list load makes older answers moot
   loadingMore: false,
   openId: null,
   session: null, // the open session as GET /api/agent/{id} last said
   conversation: new Conversation(),
-  stream: null, // the open session's EventStream
+  follow: null, // the AbortController of the open session's stream
   live: false, // the session stream has caught up
   detailsTimer: null,
   deleteArmed: null,
 };
 
 const chat = new ChatView($('chat'), {
-  approve: (callId, approved) => act(() => api('POST', sessionPath(state.openId, `/tool-calls/${encodeURIComponent(callId)}/approval`), {approved})),
-  answer: (text) => act(() => api('POST', sessionPath(state.openId, '/messages'), {text})),
+  approve: (callId, approved) => act(() => call((f) => f.decideToolCall(state.openId, callId, approved))),
+  answer: (text) => act(() => call((f) => f.sendMessage(state.openId, text))),
   canAct: () => Boolean(state.openId),
 });
-const createForm = new CreateForm({onCreated: (session) => {
-  state.list.put(session, state.list.lastEventId);
-  renderList();
-  openSession(session.id);
-}});
+const createForm = new CreateForm({onCreated: (session) => openSession(session.id, session)});
 const assistantNames = new AssistantNames();
 const assistantsView = new AssistantsView({names: assistantNames, onStart: (assistant) => {
   $('assistants-dialog').close();
@@ -51,7 +46,7 @@ const assistantsView = new AssistantsView({names: assistantNames, onStart: (assi
 
 function report(error) {
   const problem = $('problem');
-  problem.textContent = error ? String(error.message || error) : '';
+  problem.textContent = error ? problemText(error) : '';
   show(problem, Boolean(error));
 }
 
@@ -60,7 +55,7 @@ async function act(fn) {
     await fn();
     report(null);
   } catch (error) {
-    if (error.status !== 401) report(error);
+    if (!(error instanceof AuthenticationError)) report(error);
   }
   scheduleDetails(0);
 }
@@ -113,59 +108,46 @@ function renderKey() {
 
 // --- the list -----------------------------------------------------------------------------------
 
-function listPath(list, pageToken) {
-  const query = new URLSearchParams({limit: String(PAGE_SIZE)});
-  if (list.status) query.append('status', list.status);
-  if (list.search.trim()) query.set('q', list.search.trim());
-  if (pageToken) query.set('pageToken', pageToken);
-  return `/api/agent?${query}`;
-}
-
-// A fresh snapshot of the first page, and the owner stream from its cursor.
+// A fresh picture of the filters' range: its first page, then the owner stream from its
+// cursor (the package reconnects, reconciles, and takes a new snapshot on resync_required).
 async function startList() {
   const generation = ++state.generation;
-  state.owner?.stop();
-  const list = new SessionList({status: $('status-filter').value, search: $('search').value});
-  let page;
+  state.owner?.close();
+  const status = $('status-filter').value;
+  const range = {status: status ? [status] : [], q: $('search').value, pageSize: PAGE_SIZE};
+  const owner = new OwnerSessionClient(ferryman(), {range, onChange: () => ownerChanged(owner)});
+  ownerState('connecting');
   try {
-    page = await api('GET', listPath(list, null));
+    await owner.start();
   } catch (error) {
     if (generation !== state.generation) return;
     ownerState('closed');
-    if (error.status !== 401) {
+    if (!unauthorized(error)) {
       report(error);
       setTimeout(() => { if (generation === state.generation) startList(); }, 3000);
     }
     return;
   }
-  if (generation !== state.generation) return;
+  if (generation !== state.generation) {
+    owner.close();
+    return;
+  }
   report(null);
-  list.addPage(page);
-  state.list = list;
+  Object.assign(state, {owner, everLive: false, seen: null});
   renderList();
-  state.owner = new EventStream({
-    url: (cursor) => streamUrl('/api/agent/owner-events', cursor),
-    types: OWNER_TYPES,
-    cursor: () => state.list.lastEventId,
-    onFrame: ownerFrame,
-    onState: ownerState,
-    onClosed: () => probe('/api/agent?limit=1'),
-  });
-  state.owner.open();
   fillScreen();
 }
 
 async function loadMore() {
-  const list = state.list;
-  if (state.loadingMore || !list.nextPageToken) return;
+  const owner = state.owner;
+  if (state.loadingMore || !owner || owner.complete) return;
   state.loadingMore = true;
   $('more').textContent = 'Loading…';
   try {
-    const page = await api('GET', listPath(list, list.nextPageToken));
-    if (list === state.list) list.addPage(page);
+    await owner.loadMore();
     report(null);
   } catch (error) {
-    if (error.status !== 401) report(error);
+    if (!unauthorized(error)) report(error);
   } finally {
     state.loadingMore = false;
     renderList();
@@ -182,34 +164,45 @@ function fillScreen() {
   if (at.top < box.bottom + 200) loadMore();
 }
 
-async function ownerFrame(type, event) {
-  if (type === 'caught_up') return;
-  if (type === 'resync_required') {
-    state.owner.stop();
-    startList();
+function ownerChanged(owner) {
+  if (owner !== state.owner) return;
+  if (owner.error) {
+    // Stopped for good (a revoked key, say): a new picture, once there is a way to one.
+    ownerState('closed');
+    state.owner = null;
+    if (!unauthorized(owner.error)) {
+      report(owner.error);
+      setTimeout(() => { if (!state.owner) startList(); }, 3000);
+    }
     return;
   }
-  const list = state.list;
-  const {changed, fetch} = list.apply(event);
-  if (changed) renderList();
-  if (fetch) {
-    try {
-      const session = await api('GET', sessionPath(fetch));
-      if (list === state.list && list.matches(session) && list.inRange(session)) {
-        list.put(session, Number(event.id));
-        renderList();
-      }
-    } catch { /* gone since: nothing to show */ }
-  }
-  if (event.sessionId === state.openId) {
-    if (type === 'session_deleted') closeSession('Session deleted.');
+  state.everLive ||= owner.connected;
+  ownerState(owner.connected ? 'live' : state.everLive ? 'reconnecting' : 'connecting');
+  for (const entry of newEntries(owner.journal)) {
+    if (entry.sessionId !== state.openId || !['applied', 'outside'].includes(entry.outcome)) continue;
+    if (entry.type === 'session_deleted') closeSession('Session deleted.');
     else scheduleDetails();
   }
+  renderList();
+}
+
+// The journal's entries since the last one this page acted on (the journal drops old ones).
+function newEntries(journal) {
+  let start = journal.length;
+  while (start > 0 && journal[start - 1] !== state.seen) start -= 1;
+  state.seen = journal.at(-1) ?? state.seen;
+  return journal.slice(start);
+}
+
+// Newest first, as the server pages: by creation time, then id.
+function newestFirst(a, b) {
+  if (a.createdAt !== b.createdAt) return a.createdAt < b.createdAt ? 1 : -1;
+  return a.id < b.id ? 1 : -1;
 }
 
 function renderList() {
-  const list = state.list;
-  const rows = list.visible();
+  const owner = state.owner;
+  const rows = owner ? [...owner.sessions.values()].sort(newestFirst) : [];
   const ul = $('sessions');
   ul.replaceChildren(...rows.map((s) => h('li', {
     class: s.id === state.openId ? 'open' : null, dataset: {id: s.id, status: s.status},
@@ -223,24 +216,23 @@ function renderList() {
         text: s.resumes === 1 ? 'resumed once' : `resumed ${s.resumes}×`,
       }) : null,
       h('time', {datetime: s.createdAt, title: when(s.createdAt), text: ago(s.createdAt)}))))));
-  const filtered = Boolean(list.status || list.search.trim());
+  const filtered = Boolean(owner && (owner.range.status.length || owner.range.q));
   $('list-empty').textContent = filtered ? 'No session matches.' : 'No sessions yet. Create one.';
-  show($('list-empty'), list.pages > 0 && rows.length === 0 && list.complete);
-  show($('more'), Boolean(list.nextPageToken));
+  show($('list-empty'), Boolean(owner) && rows.length === 0 && owner.complete);
+  show($('more'), Boolean(owner) && !owner.complete);
   $('more').textContent = 'Load more';
-  $('list-count').textContent = list.pages === 0 ? ''
-    : list.complete ? `${rows.length} session${rows.length === 1 ? '' : 's'}`
+  $('list-count').textContent = !owner ? ''
+    : owner.complete ? `${rows.length} session${rows.length === 1 ? '' : 's'}`
       : `${rows.length} shown · more below`;
 }
-
 // --- one session ---------------------------------------------------------------------------
 
-function openSession(id) {
-  if (state.openId === id && state.stream) return;
+function openSession(id, session = null) {
+  if (state.openId === id && state.follow) return;
   closeSession();
   state.openId = id;
   if (location.hash !== `#${id}`) history.replaceState(null, '', `#${id}`);
-  state.session = state.list.rows.get(id) || null;
+  state.session = session || state.owner?.sessions.get(id) || null;
   state.conversation = new Conversation();
   state.live = false;
   chat.reset();
@@ -251,21 +243,15 @@ function openSession(id) {
   renderList();
   renderSession();
   scheduleDetails(0);
-  state.stream = new EventStream({
-    url: (cursor) => streamUrl(sessionPath(id, '/events'), cursor || undefined),
-    types: SESSION_EVENT_TYPES,
-    cursor: () => state.conversation.cursor,
-    onFrame: sessionFrame,
-    onState: (value) => { $('stream-state').textContent = value === 'live' ? '' : value; },
-    onClosed: () => probe(sessionPath(id)),
-  });
-  state.stream.open();
+  const follow = new AbortController();
+  state.follow = follow;
+  followSession(id, follow);
   chat.render(state.conversation, {live: false});
 }
 
 function closeSession(notice) {
-  state.stream?.stop();
-  state.stream = null;
+  state.follow?.abort();
+  state.follow = null;
   state.openId = null;
   state.session = null;
   clearTimeout(state.detailsTimer);
@@ -276,28 +262,56 @@ function closeSession(notice) {
   renderList();
 }
 
-function sessionFrame(type, event) {
+function streamState(value) {
+  $('stream-state').textContent = value === 'live' ? '' : value;
+}
+
+// The session stream from where the fold is, across reconnects (the package's), until the
+// session is closed here or deleted; after a resync_required, again from the start.
+async function followSession(id, follow) {
+  const {signal} = follow;
+  for (;;) {
+    let resync = false;
+    streamState('connecting');
+    try {
+      const after = state.conversation.cursor || null;
+      const onConnection = (connected) => { if (!connected) streamState('reconnecting'); };
+      for await (const event of ferryman().sessionEvents(id, {after, signal, onConnection})) {
+        if (event.type === 'resync_required') resync = true;
+        else sessionFrame(event);
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      streamState('closed');
+      if (error instanceof NotFoundError) closeSession('This session no longer exists.');
+      else if (!unauthorized(error)) report(error);
+      return;
+    }
+    if (signal.aborted) return;
+    if (!resync) break; // the stream ends when the session is deleted
+    // The log is not where this page left it: read it again from the start.
+    state.conversation = new Conversation();
+    state.live = false;
+    chat.reset();
+    $('events').replaceChildren();
+  }
+  if (state.follow === follow) closeSession('Session deleted.');
+}
+
+function sessionFrame(event) {
   const conversation = state.conversation;
-  if (type === 'caught_up') {
+  if (event.type === 'caught_up') {
     state.live = true;
+    streamState('live');
     chat.render(conversation, {live: true});
     renderSession();
     return;
   }
-  if (type === 'resync_required') {
-    // The log is not where this page left it: read it again from the start.
-    state.stream.stop();
-    state.conversation = new Conversation();
-    chat.reset();
-    $('events').replaceChildren();
-    state.stream.open();
-    return;
-  }
-  if (!conversation.apply(event)) return;
+  if (!conversation.apply(event.envelope)) return;
   chat.render(conversation, {live: state.live});
-  if (type !== 'message_delta') {
-    appendRawEvent(event);
-    if (DETAIL_EVENTS.has(type)) scheduleDetails();
+  if (event.type !== 'message_delta') {
+    appendRawEvent(event.envelope);
+    if (DETAIL_EVENTS.has(event.type)) scheduleDetails();
     renderSession();
   }
 }
@@ -310,40 +324,21 @@ function appendRawEvent(event) {
     h('code', {class: 'ev-data', text: json(event.data)})));
 }
 
-// Asks the server why a stream closed: false (stay closed) when the key is refused or the thing
-// is gone, true (reopen later) otherwise.
-async function probe(path) {
-  try {
-    await api('GET', path);
-    return true;
-  } catch (error) {
-    if (error.status === 401) return false;
-    if (error.status === 404 && path !== '/api/agent?limit=1') {
-      closeSession('This session no longer exists.');
-      return false;
-    }
-    return true;
-  }
-}
-
 function scheduleDetails(delay = 150) {
   clearTimeout(state.detailsTimer);
   const id = state.openId;
   if (!id) return;
   state.detailsTimer = setTimeout(async () => {
     try {
-      const session = await api('GET', sessionPath(id));
+      const session = await call((f) => f.getSession(id));
       if (id !== state.openId) return;
       state.session = session;
-      if (state.list.rows.has(id)) state.list.put(session, state.list.lastEventId);
       renderSession();
-      renderList();
     } catch (error) {
-      if (error.status === 404 && id === state.openId) closeSession('This session no longer exists.');
+      if (error instanceof NotFoundError && id === state.openId) closeSession('This session no longer exists.');
     }
   }, delay);
 }
-
 function renderSession() {
   const s = state.session;
   const conversation = state.conversation;
@@ -460,7 +455,11 @@ $('search').addEventListener('input', () => {
   clearTimeout(searchTimer);
   searchTimer = setTimeout(startList, 250);
 });
-$('cancel').addEventListener('click', () => act(() => api('POST', sessionPath(state.openId, '/cancel'))));
+// The picture's cancel: a session that ended before the cancel came is no error (409).
+$('cancel').addEventListener('click', () => {
+  const id = state.openId;
+  act(() => call((f) => (state.owner ? state.owner.cancel(id) : f.cancelSession(id))));
+});
 $('delete').addEventListener('click', () => {
   const button = $('delete');
   if (state.deleteArmed !== state.openId) {
@@ -480,8 +479,7 @@ $('delete').addEventListener('click', () => {
   button.textContent = 'Delete';
   button.classList.remove('armed');
   act(async () => {
-    await api('DELETE', sessionPath(id));
-    state.list.rows.delete(id);
+    await call((f) => f.deleteSession(id));
     if (state.openId === id) closeSession('Session deleted.');
   });
 });
@@ -494,7 +492,7 @@ function approvalsWaiting(calls) {
 function sendMessage(text) {
   const id = state.openId;
   act(async () => {
-    await api('POST', sessionPath(id, '/messages'), {text});
+    await call((f) => f.sendMessage(id, text));
     if (state.openId === id) $('text').value = '';
   });
 }

@@ -2,13 +2,12 @@
 // versions, in a dialog of their own; the form that creates one or edits it (every edit is a new
 // version); the names sessions show for the assistant they were created from.
 
-import {api} from './api.js';
+import {call, problemText} from './api.js';
+import {AuthenticationError, NotFoundError} from './ferryman-client.js';
 import {$, h, json, when} from './dom.js';
 import {FieldErrors, parseJson} from './fields.js';
 
 const PAGE_SIZE = 50;
-
-export const assistantPath = (id, tail = '') => `/api/assistants/${encodeURIComponent(id)}${tail}`;
 
 // `GET /api/assistants` answers a page; its rows under `assistants`.
 const rowsOf = (page) => page.assistants || [];
@@ -22,8 +21,8 @@ export class AssistantNames {
 
   get(id) {
     if (!this.known.has(id)) {
-      const found = api('GET', assistantPath(id)).catch((error) => {
-        if (error.status === 404) return null;
+      const found = call((f) => f.getAssistant(id)).catch((error) => {
+        if (error instanceof NotFoundError) return null;
         this.known.delete(id); // a passing failure: asked again next time
         return undefined;
       });
@@ -78,20 +77,17 @@ export class AssistantsView {
   }
 
   report(error) {
-    $('assistants-problem').textContent = error ? error.message : '';
+    $('assistants-problem').textContent = error ? problemText(error) : '';
   }
 
   async load(pageToken) {
     const generation = ++this.generation;
-    const query = new URLSearchParams({limit: String(PAGE_SIZE)});
     const search = $('assistant-search').value.trim();
-    if (search) query.set('name', search);
-    if (pageToken) query.set('pageToken', pageToken);
     let page;
     try {
-      page = await api('GET', `/api/assistants?${query}`);
+      page = await call((f) => f.listAssistants({name: search || undefined, limit: PAGE_SIZE, pageToken}));
     } catch (error) {
-      if (generation === this.generation && error.status !== 401) this.report(error);
+      if (generation === this.generation && !(error instanceof AuthenticationError)) this.report(error);
       return;
     }
     if (generation !== this.generation) return;
@@ -123,11 +119,11 @@ export class AssistantsView {
     let versions;
     try {
       [assistant, versions] = await Promise.all([
-        api('GET', assistantPath(id)),
-        api('GET', assistantPath(id, '/versions')).then(versionsOf),
+        call((f) => f.getAssistant(id)),
+        call((f) => f.assistantVersions(id)).then(versionsOf),
       ]);
     } catch (error) {
-      if (error.status === 404) {
+      if (error instanceof NotFoundError) {
         this.rows = this.rows.filter((a) => a.id !== id);
         this.openId = null;
         this.renderList();
@@ -181,7 +177,7 @@ export class AssistantsView {
       return;
     }
     try {
-      await api('DELETE', assistantPath(assistant.id));
+      await call((f) => f.deleteAssistant(assistant.id));
     } catch (error) {
       this.report(error);
       return;
@@ -291,8 +287,8 @@ export class AssistantForm {
         return;
       }
       const assistant = this.editing
-        ? await api('PATCH', assistantPath(this.editing.id), body)
-        : await api('POST', '/api/assistants', body);
+        ? await call((f) => f.updateAssistant(this.editing.id, body))
+        : await call((f) => f.createAssistant(body));
       this.dialog.close();
       await this.onSaved(assistant);
     } catch (error) {
@@ -321,7 +317,7 @@ export class AssistantPicker {
   async load(chosen = '') {
     let rows = [];
     try {
-      rows = rowsOf(await api('GET', `/api/assistants?limit=200`));
+      rows = rowsOf(await call((f) => f.listAssistants({limit: 200})));
     } catch { /* no assistants to offer: the form still creates plain sessions */ }
     const keep = chosen || this.select.value;
     this.select.replaceChildren(h('option', {value: '', text: 'none: define the agent here'}),
@@ -337,7 +333,7 @@ export class AssistantPicker {
     this.version.disabled = !id;
     if (!id) return;
     try {
-      const versions = versionsOf(await api('GET', assistantPath(id, '/versions')));
+      const versions = versionsOf(await call((f) => f.assistantVersions(id)));
       if (this.select.value !== id) return;
       this.version.append(...versions.map((v) => h('option', {value: String(v.version), text: `v${v.version} · ${when(v.createdAt)}`})));
     } catch { /* latest only */ }

@@ -1,14 +1,13 @@
-// A session's log folded into a conversation: pure data, no DOM, no I/O.
+// A session's log as the chat shows it: pure data, no DOM, no I/O.
 //
-// Feed `apply` the frames of the session stream in the order they come (or a transcript's
-// events). A durable event (it has a seq) is applied once: a replay after a reconnect changes
-// nothing, nor does a token delta's (numbered by its `chunk`). Streamed text (`message_delta`,
-// no seq) is a draft until its turn ends: the `assistant_message` replaces it, and a retried
-// (`model_retry`), interrupted or resumed turn drops it, so a partial answer is replaced, never
-// shown twice.
-//
-// `items` is the conversation in order; every item has a stable `key` and a `rev` that grows
+// The fold itself is the package's SessionFold (ferryman-client.js): it applies each durable
+// event once (a replay after a reconnect changes nothing, nor does a numbered token delta), keeps
+// streamed text as a draft until its turn ends, and says the status, the error, and each tool
+// call's state. This adds what a chat draws: `items`, the conversation in order with markers
+// for starts, resumes, retries and ends; every item has a stable `key` and a `rev` that grows
 // each time the item changes, so a renderer redraws only what changed.
+
+import {SessionFold} from './ferryman-client.js';
 
 export const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 
@@ -48,42 +47,46 @@ export function interruptedLabel(cause) {
 
 export class Conversation {
   constructor() {
-    this.lastSeq = 0;
-    this.status = null; // what the log says: queued, running, waiting or a terminal status
-    this.error = null;
+    this.fold = new SessionFold();
     this.items = [];
     this.calls = new Map(); // tool call id -> its card (an item of `items`)
-    this.draft = null; // {key, text, afterSeq, rev} while a turn streams
     this.events = []; // every durable event, for the raw log
     this.question = null; // the `user_question` item waiting for an answer
-    this.dropSeq = 0; // seq of the last event that ended or dropped a turn
-    this.chunkSeen = [0, 0]; // [afterSeq, chunk] of the last token delta applied
+    this.draftKey = null; // the streaming turn's item key, new for each turn
+    this.draftRev = 0;
     this.rev = 0;
   }
 
-  // Where a stream resumes: after the last event, and while a turn streams, after its chunks
-  // held (`<seq>.<chunk>`, a delta's id), so that a reconnect sends only the chunks missed.
+  // Where the session stream goes on from (`<seq>.<chunk>` mid-turn).
   get cursor() {
-    return this.draft && this.chunkSeen[1] ? `${this.lastSeq}.${this.chunkSeen[1]}` : this.lastSeq;
+    return this.fold.cursor;
   }
 
-  // Fold in one frame (an envelope `{type, seq?, afterSeq?, data}`); whether anything changed.
+  // What the log says: queued, running, waiting or a terminal status.
+  get status() {
+    return this.fold.status;
+  }
+
+  // The streaming turn's item, null between turns.
+  get draft() {
+    return this.fold.draft === null ? null : this.draftItem();
+  }
+
+  // Fold in one frame (an envelope `{type, seq?, afterSeq?, chunk?, data}`); whether anything
+  // changed.
   apply(event) {
-    if (event.type === 'message_delta') return this.delta(event);
-    const seq = Number(event.seq);
-    if (!Number.isInteger(seq) || seq <= this.lastSeq) return false;
-    this.lastSeq = seq;
+    const streaming = this.fold.draft !== null;
+    if (!this.fold.apply(event)) return false;
+    this.rev += 1;
+    if (event.type === 'message_delta') {
+      if (!streaming) this.draftKey = `draft-${this.fold.lastSeq}-${this.rev}`;
+      this.draftRev += 1;
+      return true;
+    }
     this.events.push(event);
     const handler = HANDLERS[event.type];
-    if (handler) handler.call(this, seq, event.data || {}, event);
-    this.rev += 1;
+    if (handler) handler.call(this, this.fold.lastSeq, event.data || {}, event);
     return true;
-  }
-
-  applyAll(events) {
-    let changed = false;
-    for (const event of events) changed = this.apply(event) || changed;
-    return changed;
   }
 
   // The items and, last, the turn streaming now.
@@ -96,33 +99,7 @@ export class Conversation {
   }
 
   draftItem() {
-    const d = this.draft;
-    return {kind: 'assistant', key: d.key, rev: d.rev, text: d.text, streaming: true, toolCallIds: []};
-  }
-
-  delta(event) {
-    const after = Number(event.afterSeq ?? this.lastSeq);
-    // Text of a turn that has ended or was dropped since (its deltas came late): stale.
-    if (after < this.dropSeq) return false;
-    // A numbered chunk the draft already has: a reconnect from an event mid-turn replays the
-    // turn's stored chunks.
-    const chunk = Number(event.chunk ?? 0);
-    if (chunk) {
-      const [seenAfter, seenChunk] = this.chunkSeen;
-      if (after < seenAfter || (after === seenAfter && chunk <= seenChunk)) return false;
-      this.chunkSeen = [after, chunk];
-    }
-    const text = String(event.data?.text ?? '');
-    if (!this.draft) this.draft = {key: `draft-${after}-${this.dropSeq}`, text: '', afterSeq: after, rev: 0};
-    this.draft.text += text;
-    this.draft.rev += 1;
-    this.rev += 1;
-    return true;
-  }
-
-  dropDraft(seq) {
-    this.draft = null;
-    this.dropSeq = seq;
+    return {kind: 'assistant', key: this.draftKey, rev: this.draftRev, text: this.fold.draft, streaming: true, toolCallIds: []};
   }
 
   push(item) {
@@ -154,6 +131,16 @@ export class Conversation {
     return call;
   }
 
+  // A card's state as the fold has its call (a failure that timed out, or that a worker's
+  // death cut short, has words of its own), with `changes` of the chat's.
+  sync(card, changes = {}) {
+    const call = this.fold.toolCalls.get(card.id);
+    let status = call?.status ?? card.status;
+    if (status === 'failed' && call.timedOut) status = 'timed_out';
+    else if (status === 'failed' && call.interrupted) status = 'interrupted';
+    this.touch(card, {...changes, status});
+  }
+
   // --- one method per durable event type -------------------------------------------------
 
   userMessage(seq, data) {
@@ -165,21 +152,14 @@ export class Conversation {
     // A message instead of a decision denies the pending approvals: `tool_approval_decided`
     // events say so, and turn those cards `denied`.
     this.push({kind: 'user', key: `u${seq}`, seq, text: String(data.text ?? ''), delivery});
-    if (delivery === 'queued') this.status = 'queued';
   }
 
   started(seq, data) {
-    this.dropDraft(seq);
-    this.status = 'running';
-    this.error = null;
     const worker = shortWorker(data.workerId);
     this.marker(seq, 'quiet', `Started on ${worker} · attempt ${data.attempt}`, `pid ${data.pid}`);
   }
 
   resumed(seq, data) {
-    this.dropDraft(seq);
-    this.status = 'running';
-    this.error = null;
     const reason = String(data.reason || '');
     // A turn cut short (stopped, at its limit, failed) is played again: its partial text goes.
     let end = this.items.length;
@@ -196,7 +176,7 @@ export class Conversation {
     const repaired = (data.repairedToolCalls || []).map(String);
     for (const id of repaired) {
       const call = this.calls.get(id) || this.card({toolCallId: id, name: ''});
-      this.touch(call, {status: 'interrupted', cause: reason});
+      this.sync(call, {cause: reason});
     }
     const where = `${shortWorker(data.workerId)} at attempt ${data.attempt}`;
     const repairs = repaired.length
@@ -213,7 +193,6 @@ export class Conversation {
   }
 
   assistantMessage(seq, data) {
-    this.dropDraft(seq);
     const calls = (data.toolCalls || []).filter((c) => c && typeof c === 'object');
     const text = String(data.text ?? '');
     const stopReason = String(data.stopReason || 'stop');
@@ -227,32 +206,22 @@ export class Conversation {
   }
 
   toolCallStart(seq, data, event) {
-    const call = this.card(data);
-    this.touch(call, {status: 'running', startedAt: event.ts || null});
+    this.sync(this.card(data), {startedAt: event.ts || null});
   }
 
   toolResult(seq, data, event) {
-    const call = this.card(data);
-    let status = 'succeeded';
-    if (data.denied) status = 'denied';
-    else if (data.timedOut) status = 'timed_out';
-    else if (data.interrupted) status = 'interrupted';
-    else if (data.isError) status = 'failed';
-    this.touch(call, {status, result: String(data.content ?? ''), endedAt: event.ts || null});
+    this.sync(this.card(data), {result: String(data.content ?? ''), endedAt: event.ts || null});
   }
 
   approvalRequested(seq, data) {
-    const call = this.card(data);
-    this.touch(call, {status: 'awaiting_approval'});
+    this.sync(this.card(data));
   }
 
   approvalDecided(seq, data) {
     const call = this.card(data);
-    if (data.approved) this.touch(call, {status: 'approved'});
-    else this.touch(call, {status: 'denied', result: data.reason ? `denied: ${data.reason}` : 'denied'});
+    this.sync(call, data.approved ? {} : {result: data.reason ? `denied: ${data.reason}` : 'denied'});
     const name = call.name || 'the tool call';
     this.marker(seq, 'quiet', `${data.approved ? 'Approved' : 'Denied'} ${name}`, data.reason ? String(data.reason) : '');
-    if (this.status === 'waiting') this.status = 'queued';
   }
 
   userQuestion(seq, data) {
@@ -264,24 +233,19 @@ export class Conversation {
   }
 
   modelRetry(seq, data) {
-    this.dropDraft(seq);
     const why = [data.reason, data.message].filter(Boolean).join(': ');
     this.marker(seq, 'warn', `Provider busy, retrying in ${seconds(data.delayMs)} s`,
       `retry ${data.attempt}${why ? ` · ${why}` : ''}`);
   }
 
   interrupted(seq, data) {
-    this.dropDraft(seq);
     const reason = String(data.reason || '');
     const text = reason === 'shutdown' ? 'Worker shutting down: handing the session over' : `Interrupted: ${reason}`;
     this.marker(seq, 'warn', text);
   }
 
   sessionEnd(seq, data) {
-    this.dropDraft(seq);
     const status = String(data.status || '');
-    this.status = status;
-    this.error = data.error && typeof data.error === 'object' ? data.error : null;
     if (status === 'cancelled') {
       for (const call of this.calls.values()) {
         if (UNFINISHED_CALLS.has(call.status) && !call.cause) this.touch(call, {status: 'cancelled'});
@@ -295,7 +259,7 @@ export class Conversation {
       else if (this.pendingApprovals.length) text = 'Waiting for your approval';
       this.marker(seq, 'info', text, data.note ? String(data.note) : '');
     } else if (status === 'failed') {
-      const error = this.error || {};
+      const error = this.fold.error || {};
       this.marker(seq, 'error', `Failed${error.code ? `: ${error.code}` : ''}`, String(error.message || ''));
     } else {
       this.marker(seq, 'quiet', `Ended: ${status}`);
@@ -317,5 +281,3 @@ const HANDLERS = {
   session_interrupted: Conversation.prototype.interrupted,
   session_end: Conversation.prototype.sessionEnd,
 };
-
-export const SESSION_EVENT_TYPES = [...Object.keys(HANDLERS), 'message_delta'];

@@ -1,6 +1,6 @@
 // The "new session" form: every option of the create body, and errors shown at their field.
 
-import {api} from './api.js';
+import {call, problemText} from './api.js';
 import {AssistantPicker} from './assistants.js';
 import {$, h} from './dom.js';
 import {FieldErrors, fieldError, parseJson} from './fields.js';
@@ -46,9 +46,9 @@ export class CreateForm {
     const list = $('tool-list');
     let catalog;
     try {
-      catalog = await api('GET', '/api/tools');
+      catalog = await call((f) => f.listTools());
     } catch (error) {
-      list.replaceChildren(h('p', {class: 'hint', text: `Tools could not be listed: ${error.message}`}));
+      list.replaceChildren(h('p', {class: 'hint', text: `Tools could not be listed: ${problemText(error)}`}));
       return;
     }
     this.tools = catalog.tools;
@@ -85,7 +85,7 @@ export class CreateForm {
     for (const box of this.form.querySelectorAll('input[name=tool]')) box.disabled = all;
   }
 
-  // The create body from the form; throws an ApiError-like error naming a field for bad input.
+  // The create body from the form; throws a 422 of the page's own naming a field for bad input.
   body() {
     const f = this.form.elements;
     const body = {...this.picker.fields(), prompt: f.prompt.value};
@@ -127,7 +127,7 @@ export class CreateForm {
     const button = $('create-submit');
     button.disabled = true;
     try {
-      const session = await api('POST', '/api/agent', this.body());
+      const session = await call((f) => f.createSession(this.body()));
       this.dialog.close();
       this.form.elements.prompt.value = '';
       this.form.elements.title.value = '';

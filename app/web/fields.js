@@ -1,7 +1,8 @@
 // A form's errors at their fields: each error of a 422 (or of the page's own checks) beside the
 // control it names, and the whole message in the form's problem line.
 
-import {ApiError} from './api.js';
+import {problemText} from './api.js';
+import {FerrymanError, UnprocessableEntityError} from './ferryman-client.js';
 import {h} from './dom.js';
 
 export class FieldErrors {
@@ -19,8 +20,8 @@ export class FieldErrors {
   }
 
   show(error) {
-    this.problem.textContent = error.message;
-    for (const {field, message} of (error instanceof ApiError ? error.fields : [])) {
+    this.problem.textContent = problemText(error);
+    for (const {field, message} of (error instanceof FerrymanError ? error.errors : [])) {
       const target = this.element(field);
       if (!target) continue;
       target.setAttribute('aria-invalid', 'true');
@@ -52,5 +53,5 @@ export function parseJson(field, text) {
 
 // An error of the page's own checks, shaped as the API's 422.
 export function fieldError(field, message) {
-  return new ApiError(422, {code: 'VALIDATION_ERROR', errors: [{field, message, type: 'client'}]});
+  return new UnprocessableEntityError(422, {code: 'VALIDATION_ERROR', errors: [{field, message, type: 'client'}]});
 }

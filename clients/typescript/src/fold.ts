@@ -8,7 +8,8 @@
  * Streamed text (`message_delta`, which has no seq) is a draft until its turn ends: the final
  * `assistant_message` replaces it, and a retried (`model_retry`) or interrupted turn drops it.
  * A numbered delta (`chunk`) is applied once too, so a reconnect from an event mid-turn, which
- * replays the turn's stored chunks, repeats no text.
+ * replays the turn's stored chunks, repeats no text; and a delta of a turn that has ended or
+ * was dropped since (its `afterSeq` is older) is stale, so it starts no new draft.
  */
 
 import { StreamEvent, isRecord, type Envelope } from "./events.js";
@@ -86,11 +87,19 @@ export class SessionFold {
   lastSeq = 0;
   draft: string | null = null;
   private chunk: [number, number] = [0, 0]; // (afterSeq, chunk) of the last delta applied
+  private turnEnded = 0; // seq of the last event that ended or dropped a turn
   private readonly list: Message[] = [];
   private readonly calls = new Map<string, ToolCall>();
 
   constructor(options: { status?: string | null } = {}) {
     this.status = options.status ?? null;
+  }
+
+  /** Where a stream of this session goes on from (`sessionEvents`' `after`): the last event's
+   * seq, and while a turn streams, its chunks held too (`<seq>.<chunk>`, a delta's id), so a
+   * reconnect sends only the chunks missed. */
+  get cursor(): number | string {
+    return this.draft !== null && this.chunk[1] > 0 ? `${this.lastSeq}.${this.chunk[1]}` : this.lastSeq;
   }
 
   /** The messages, and the turn streaming now (if any) last. */
@@ -121,6 +130,8 @@ export class SessionFold {
     const { type, seq, data, envelope } = parts(event);
     if (seq === null) {
       if (type !== "message_delta") return false;
+      const afterSeq = envelope.afterSeq;
+      if (Number.isInteger(afterSeq) && (afterSeq as number) < this.turnEnded) return false; // its turn is over
       const chunk = chunkOf(envelope);
       if (chunk !== null) {
         if (before(chunk, this.chunk)) return false; // replayed: a reconnect from an event resends the turn's
@@ -141,6 +152,12 @@ export class SessionFold {
     return changed;
   }
 
+  /** The draft goes (replaced, retried or cut off), and deltas after an earlier event with it. */
+  private endTurn(): void {
+    this.draft = null;
+    this.turnEnded = this.lastSeq;
+  }
+
   // --- one method per durable event type -------------------------------------------------
 
   private userMessage(data: Data): void {
@@ -151,7 +168,7 @@ export class SessionFold {
   }
 
   private started(): void {
-    this.draft = null;
+    this.endTurn();
     this.status = "running";
     this.error = null;
   }
@@ -167,7 +184,7 @@ export class SessionFold {
   }
 
   private assistantMessage(data: Data): void {
-    this.draft = null;
+    this.endTurn();
     const calls = (Array.isArray(data.toolCalls) ? data.toolCalls : []).filter(isRecord);
     for (const call of calls) {
       const id = str(call.id);
@@ -221,11 +238,11 @@ export class SessionFold {
   }
 
   private turnDropped(): void {
-    this.draft = null;
+    this.endTurn();
   }
 
   private sessionEnd(data: Data): void {
-    this.draft = null;
+    this.endTurn();
     if (data.status !== undefined) this.status = str(data.status);
     this.error = isRecord(data.error) ? { ...data.error } : null;
   }

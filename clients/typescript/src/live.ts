@@ -8,9 +8,12 @@
  * `malformedLimit` malformed events, and every `reconcileIntervalMs` (jittered) to heal what
  * events cannot say (lease, usage, `lastSeq`). `healthy` turns false after `unhealthyAfterMs`
  * of failed reconnects; `journal` keeps the latest events and what became of each.
+ *
+ * With a `range` it pictures part of the list instead, as a page that scrolls would: the
+ * sessions that match its filters, one page at first and one more per `loadMore()`.
  */
 
-import { MAX_LIST_LIMIT, type CancelAccepted, type Ferryman, type Session } from "./client.js";
+import { MAX_LIST_LIMIT, type CancelAccepted, type Ferryman, type Session, type SessionList, type SessionStatus } from "./client.js";
 import { ConflictError, FerrymanConnectionError, FerrymanError, NotFoundError } from "./errors.js";
 import { isRecord, type StreamEvent } from "./events.js";
 import { sleep } from "./stream.js";
@@ -18,8 +21,9 @@ import { sleep } from "./stream.js";
 export type Picture = Map<string, Session>;
 
 /** What became of an event: applied, already applied (a replay), about a session deleted
- * since, or one that made the picture take a new snapshot. */
-export type JournalOutcome = "applied" | "duplicate" | "gone" | "control" | "resync" | "unknown_session" | "malformed";
+ * since, one that made the picture take a new snapshot, or (with a range) about a session
+ * outside it. */
+export type JournalOutcome = "applied" | "duplicate" | "gone" | "control" | "resync" | "unknown_session" | "malformed" | "outside";
 
 export interface JournalEntry {
   readonly at: number; // Date.now() when it came
@@ -29,7 +33,19 @@ export interface JournalEntry {
   readonly outcome: JournalOutcome;
 }
 
+/** Part of the list: what `GET /api/agent` answers for these filters, newest first. */
+export interface ListRange {
+  /** Sessions in any of these statuses (none: every status). */
+  status?: SessionStatus[];
+  /** Titles that contain this, case-insensitive (the list's `q`). */
+  q?: string;
+  /** Sessions a page (`loadMore()` takes one more). Default 50. */
+  pageSize?: number;
+}
+
 export interface OwnerSessionClientOptions {
+  /** Picture this part of the list, not every session. */
+  range?: ListRange;
   /** A new snapshot this often (ms), jittered by +-10 %. */
   reconcileIntervalMs?: number;
   /** Failed reconnects for this long (ms) turn `healthy` false. */
@@ -60,6 +76,8 @@ const LOCAL_UPDATES: Record<string, Update | undefined> = {
 // After these, fields that no event carries (lease, usage, lastSeq, updatedAt) changed too:
 // the session is fetched again, as after an event not above (`session_resumed`, a newer type).
 const REFETCH = new Set(["session_status"]);
+// Events that may bring a session outside a filtered range into it.
+const MAY_MATCH = new Set(["session_status", "session_title"]);
 
 /** Why a follow period ended early: a new snapshot is due. */
 class SnapshotDue extends Error {}
@@ -75,6 +93,7 @@ export class OwnerSessionClient {
   readonly unhealthyAfterMs: number;
   readonly malformedLimit: number;
   readonly journalSize: number;
+  readonly range: Required<ListRange> | null;
   onChange: ((client: OwnerSessionClient) => void) | undefined;
   onHealthChange: ((healthy: boolean, client: OwnerSessionClient) => void) | undefined;
   sessions: Picture = new Map();
@@ -94,6 +113,8 @@ export class OwnerSessionClient {
   private task: Promise<void> | null = null;
   private failure: unknown = null;
   private unhealthyTimer: ReturnType<typeof setTimeout> | undefined;
+  private pagesWanted = 1; // with a range: the pages a snapshot takes
+  private nextPageToken: string | null = null;
 
   constructor(client: Ferryman, options: OwnerSessionClientOptions = {}) {
     this.client = client;
@@ -101,6 +122,8 @@ export class OwnerSessionClient {
     this.unhealthyAfterMs = options.unhealthyAfterMs ?? 45_000;
     this.malformedLimit = options.malformedLimit ?? 5;
     this.journalSize = options.journalSize ?? 200;
+    const range = options.range;
+    this.range = range === undefined ? null : { status: range.status ?? [], q: (range.q ?? "").trim(), pageSize: range.pageSize ?? 50 };
     this.onChange = options.onChange;
     this.onHealthChange = options.onHealthChange;
   }
@@ -124,6 +147,26 @@ export class OwnerSessionClient {
     await this.task;
     this.task = null;
     this.wake();
+  }
+
+  /** Whether the picture holds every session of its range (always, without a range). */
+  get complete(): boolean {
+    return this.nextPageToken === null;
+  }
+
+  /** With a range: the next page into the picture (and every later snapshot); false when
+   * there is none. */
+  async loadMore(): Promise<boolean> {
+    const token = this.nextPageToken;
+    if (this.range === null || token === null) return false;
+    const snapshots = this.snapshots;
+    this.pagesWanted += 1;
+    const page = await this.page(token);
+    if (snapshots !== this.snapshots) return true; // a snapshot took it in since
+    for (const session of page.sessions) if (!this.gone.has(session.id)) this.sessions.set(session.id, session);
+    this.nextPageToken = page.nextPageToken ?? null;
+    this.notify();
+    return true;
   }
 
   /** What stopped the picture (a revoked key, say), if anything did. */
@@ -238,25 +281,37 @@ export class OwnerSessionClient {
     }
   }
 
-  /** Every page of the list. Streaming from the first page's cursor misses nothing: a later
-   * page is newer, and the events it already shows set the same values again. */
+  /** Every page of the list (with a range, as many as were loaded). Streaming from the first
+   * page's cursor misses nothing: a later page is newer, and the events it already shows set
+   * the same values again. */
   private async snapshot(): Promise<string> {
     const sessions: Picture = new Map();
     let cursor: string | null = null;
     let pageToken: string | null = null;
+    let pages = 0;
     do {
-      const page = await this.client.listSessions({ limit: MAX_LIST_LIMIT, pageToken }, { signal: this.stop.signal });
+      const page = await this.page(pageToken);
       cursor ??= page.cursor;
       for (const session of page.sessions) sessions.set(session.id, session);
       pageToken = page.nextPageToken ?? null;
-    } while (pageToken !== null);
+      pages += 1;
+    } while (pageToken !== null && (this.range === null || pages < this.pagesWanted));
     this.sessions = sessions;
+    this.nextPageToken = pageToken;
     this.lastEventId = cursor;
     this.gone.clear();
     this.malformed = 0;
     this.snapshots += 1;
     this.notify();
     return cursor;
+  }
+
+  private page(pageToken: string | null): Promise<SessionList> {
+    const range = this.range;
+    const params = range === null
+      ? { limit: MAX_LIST_LIMIT, pageToken }
+      : { limit: range.pageSize, pageToken, status: range.status, q: range.q || undefined };
+    return this.client.listSessions(params, { signal: this.stop.signal });
   }
 
   // --- events ------------------------------------------------------------------------------
@@ -280,12 +335,14 @@ export class OwnerSessionClient {
     }
     this.lastEventId = event.id;
     if (event.type === "session_created") {
-      this.sessions.set(sessionId, event.data.session as Session);
+      this.place(event.data.session as Session);
       this.gone.delete(sessionId);
     } else if (event.type === "session_deleted") {
       this.forget(sessionId);
     } else if (this.gone.has(sessionId)) {
       return this.record(event, "gone"); // a late event about a session deleted since
+    } else if (!this.sessions.has(sessionId) && this.range !== null) {
+      if (!(await this.pullIn(sessionId, event))) return this.record(event, "outside");
     } else if (!this.sessions.has(sessionId)) {
       this.record(event, "unknown_session");
       return false; // one the snapshot does not know
@@ -305,21 +362,64 @@ export class OwnerSessionClient {
   private async update(sessionId: string, event: StreamEvent): Promise<boolean> {
     const update = LOCAL_UPDATES[event.type];
     const session = this.sessions.get(sessionId);
-    if (update !== undefined && session !== undefined) this.sessions.set(sessionId, { ...session, ...update(event.data) });
+    if (update !== undefined && session !== undefined) this.place({ ...session, ...update(event.data) });
     if (update !== undefined && !REFETCH.has(event.type)) return true;
     return this.refetch(sessionId);
   }
 
   /** The session as it is now; false when the server cannot say (take a snapshot). */
   private async refetch(sessionId: string): Promise<boolean> {
-    try {
-      this.sessions.set(sessionId, await this.client.getSession(sessionId, { signal: this.stop.signal }));
-    } catch (error) {
-      if (error instanceof NotFoundError) this.forget(sessionId);
-      else if (retryable(error) || this.stop.signal.aborted) return false;
-      else throw error;
-    }
+    const session = await this.fetchSession(sessionId);
+    if (session === undefined) return false;
+    if (session === null) this.forget(sessionId);
+    else this.place(session);
     return true;
+  }
+
+  /** A session outside a range that an event may have brought into its filter; whether the
+   * picture took it (a failure to say is a snapshot due, thrown). */
+  private async pullIn(sessionId: string, event: StreamEvent): Promise<boolean> {
+    const range = this.range;
+    const filtered = range !== null && (range.status.length > 0 || range.q !== "");
+    if (!filtered || !MAY_MATCH.has(event.type)) return false;
+    const session = await this.fetchSession(sessionId);
+    if (session === undefined) throw new SnapshotDue();
+    if (session === null) return false;
+    this.place(session);
+    return this.sessions.has(sessionId);
+  }
+
+  /** GET the session: null when it is gone, undefined when the server cannot say now. */
+  private async fetchSession(sessionId: string): Promise<Session | null | undefined> {
+    try {
+      return await this.client.getSession(sessionId, { signal: this.stop.signal });
+    } catch (error) {
+      if (error instanceof NotFoundError) return null;
+      if (retryable(error) || this.stop.signal.aborted) return undefined;
+      throw error;
+    }
+  }
+
+  /** Into the picture, or out of it when a range's filters or loaded pages no longer hold it. */
+  private place(session: Session): void {
+    if (this.belongs(session)) this.sessions.set(session.id, session);
+    else this.sessions.delete(session.id);
+  }
+
+  private belongs(session: Session): boolean {
+    const range = this.range;
+    if (range === null) return true;
+    if (range.status.length > 0 && !range.status.includes(session.status)) return false;
+    if (range.q !== "" && !String(session.title ?? "").toLowerCase().includes(range.q.toLowerCase())) return false;
+    return this.complete || this.sessions.has(session.id) || !this.olderThanLoaded(session);
+  }
+
+  /** Whether `session` comes after every loaded one (newest first, as the list pages). */
+  private olderThanLoaded(session: Session): boolean {
+    for (const loaded of this.sessions.values()) {
+      if (loaded.createdAt < session.createdAt || (loaded.createdAt === session.createdAt && loaded.id <= session.id)) return false;
+    }
+    return this.sessions.size > 0;
   }
 
   private forget(sessionId: string): void {

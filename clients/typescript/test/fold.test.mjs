@@ -233,3 +233,19 @@ test("tool calls go through their states", () => {
   assert.deepEqual([done.name, done.arguments, done.result, done.error], ["put_note", { key: "k" }, "saved", null]);
   assert.deepEqual(folding.messages.at(-1).toolCallIds, ["c1"]);
 });
+
+test("a delta of a turn that ended or was dropped is stale; the cursor holds a turn's chunks", () => {
+  const chunk = (after, n, text) => new StreamEvent("message_delta", `${after}.${n}`, { type: "message_delta", afterSeq: after, chunk: n, data: { text } });
+  const folding = new SessionFold();
+  folding.apply(durable(1, "session_start", { workerId: "w", pid: 1, attempt: 1 }));
+  folding.applyAll([chunk(1, 1, "Half "), chunk(1, 2, "an ans")]);
+  assert.equal(folding.cursor, "1.2");
+  folding.apply(durable(2, "model_retry", { attempt: 1, delayMs: 10 }));
+  assert.equal(folding.cursor, 2);
+  assert.equal(folding.apply(chunk(1, 3, "late")), false, "a chunk of the retried turn");
+  assert.equal(folding.draft, null);
+  assert.ok(folding.apply(chunk(2, 1, "Whole")));
+  folding.apply(durable(3, "assistant_message", { text: "Whole", stopReason: "stop" }));
+  assert.equal(folding.apply(chunk(2, 2, " late")), false, "a chunk after its final message");
+  assert.deepEqual([folding.draft, folding.cursor, folding.messages.map((m) => m.text)], [null, 3, ["Whole"]]);
+});

@@ -224,3 +224,47 @@ test("a wrong key fails the first snapshot", { skip: SKIP }, async () => {
   const live = new OwnerSessionClient(new Ferryman({ baseUrl: URL, apiKey: `${KEY}x` }));
   await assert.rejects(live.start(), (error) => error.status === 401 && error.code === "INVALID_API_KEY");
 });
+
+test("a range: a filtered page at a time, and sessions moving into and out of it", { skip: SKIP }, async () => {
+  const writer = direct();
+  const tag = `range ${Date.now()}`;
+  const made = [];
+  for (let i = 0; i < 5; i += 1) made.push(await writer.createSession({ title: `${tag} ${i}` }));
+  const other = await writer.createSession({ title: "elsewhere" });
+  const live = await new OwnerSessionClient(proxied(), { range: { q: ` ${tag.toUpperCase()} `, pageSize: 2 } }).start();
+  const ids = () => [...live.sessions.keys()].sort();
+  const newest = (n) => made.slice(-n).map((s) => s.id).sort();
+  const told = (id, outcome) => live.journal.some((e) => e.sessionId === id && e.outcome === outcome);
+  try {
+    assert.deepEqual(ids(), newest(2));
+    assert.equal(live.complete, false);
+    await live.waitUntil(() => live.connected, 10_000);
+    // Still in the filter, but older than the pages loaded: not pulled in.
+    await writer.renameSession(made[0].id, `${tag} oldest`);
+    await until(() => told(made[0].id, "outside"), 10_000, "the rename of one beyond the pages");
+    assert.deepEqual(ids(), newest(2));
+    assert.equal(await live.loadMore(), true);
+    assert.deepEqual(ids(), newest(4));
+    assert.equal(await live.loadMore(), true);
+    assert.deepEqual(ids(), newest(5));
+    assert.equal(live.sessions.get(made[0].id).title, `${tag} oldest`);
+    assert.equal(live.complete, true);
+    assert.equal(await live.loadMore(), false);
+    // Out of the filter by a rename; one from outside renamed in; a new one; a deleted one.
+    await writer.renameSession(made[0].id, "renamed away");
+    await live.waitUntil((p) => !p.has(made[0].id), 10_000);
+    await writer.renameSession(other.id, `${tag} joined`);
+    await live.waitUntil((p) => p.get(other.id)?.title === `${tag} joined`, 10_000);
+    const fresh = await writer.createSession({ title: `${tag} new` });
+    const unrelated = await writer.createSession({ title: "not in range" });
+    await writer.deleteSession(made[1].id);
+    await live.waitUntil((p) => p.has(fresh.id) && !p.has(made[1].id), 10_000);
+    assert.equal(live.sessions.has(unrelated.id), false);
+    const truth = [];
+    for await (const session of writer.iterSessions({ q: tag })) truth.push(session.id);
+    assert.deepEqual(ids(), truth.sort());
+    assert.equal(live.snapshots, 1, "a range takes no snapshot for sessions outside it");
+  } finally {
+    await live.close();
+  }
+});

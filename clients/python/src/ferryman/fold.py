@@ -6,7 +6,8 @@ that replays after a reconnect, or a transcript read over a stream, changes noth
 text (`message_delta`, which has no seq) is a draft until its turn ends: the final
 `assistant_message` replaces it, and a retried (`model_retry`) or interrupted turn drops it. A
 numbered delta (`chunk`) is applied once too, so a reconnect from an event mid-turn, which
-replays the turn's stored chunks, repeats no text."""
+replays the turn's stored chunks, repeats no text; and a delta of a turn that has ended or was
+dropped since (its `afterSeq` is older) is stale, so it starts no new draft."""
 
 from __future__ import annotations
 
@@ -81,8 +82,18 @@ class SessionFold:
         self.last_seq = 0
         self.draft: str | None = None
         self._chunk: tuple[int, int] = (0, 0)  # (afterSeq, chunk) of the last delta applied
+        self._turn_ended = 0  # seq of the last event that ended or dropped a turn
         self._messages: list[Message] = []
         self._calls: dict[str, ToolCall] = {}
+
+    @property
+    def cursor(self) -> int | str:
+        """Where a stream of this session goes on from (`session_events`' `after`): the last
+        event's seq, and while a turn streams, its chunks held too (`<seq>.<chunk>`, a delta's
+        id), so a reconnect sends only the chunks missed."""
+        if self.draft is not None and self._chunk[1] > 0:
+            return f"{self.last_seq}.{self._chunk[1]}"
+        return self.last_seq
 
     @property
     def messages(self) -> list[Message]:
@@ -114,6 +125,9 @@ class SessionFold:
         if seq is None:
             if event.type != "message_delta":
                 return False
+            after = _envelope(event).get("afterSeq")
+            if isinstance(after, int) and after < self._turn_ended:
+                return False  # its turn is over
             chunk = _chunk(event)
             if chunk is not None:
                 if chunk <= self._chunk:
@@ -144,8 +158,13 @@ class SessionFold:
         if delivery == "queued":
             self.status = "queued"
 
-    def _started(self, seq: int, data: Mapping[str, Any]) -> None:
+    def _end_turn(self, seq: int) -> None:
+        """The draft goes (replaced, retried or cut off), and deltas after an earlier event."""
         self.draft = None
+        self._turn_ended = seq
+
+    def _started(self, seq: int, data: Mapping[str, Any]) -> None:
+        self._end_turn(seq)
         self.status, self.error = "running", None
 
     def _resumed(self, seq: int, data: Mapping[str, Any]) -> None:
@@ -159,7 +178,7 @@ class SessionFold:
             )
 
     def _assistant_message(self, seq: int, data: Mapping[str, Any]) -> None:
-        self.draft = None
+        self._end_turn(seq)
         calls = [c for c in data.get("toolCalls") or [] if isinstance(c, Mapping)]
         for call in calls:
             call_id = str(call.get("id", ""))
@@ -215,10 +234,10 @@ class SessionFold:
         self.question = dict(data)
 
     def _turn_dropped(self, seq: int, data: Mapping[str, Any]) -> None:
-        self.draft = None
+        self._end_turn(seq)
 
     def _session_end(self, seq: int, data: Mapping[str, Any]) -> None:
-        self.draft = None
+        self._end_turn(seq)
         self.status = str(data.get("status", self.status))
         error = data.get("error")
         self.error = dict(error) if isinstance(error, Mapping) else None
@@ -248,9 +267,13 @@ def _seq(event: StreamEvent | Event) -> int | None:
     return event.seq
 
 
+def _envelope(event: StreamEvent | Event) -> Mapping[str, Any]:
+    return event.envelope if isinstance(event, StreamEvent) else event.model_extra or {}
+
+
 def _chunk(event: StreamEvent | Event) -> tuple[int, int] | None:
     """(afterSeq, chunk) of a numbered token delta, which orders a session's deltas."""
-    envelope = event.envelope if isinstance(event, StreamEvent) else event.model_extra or {}
+    envelope = _envelope(event)
     after, chunk = envelope.get("afterSeq"), envelope.get("chunk")
     if isinstance(after, int) and isinstance(chunk, int):
         return after, chunk

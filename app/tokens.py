@@ -147,7 +147,7 @@ def signing_keys(body: bytes) -> dict[str, JWK]:
     An encryption key or one with private parts (a misconfigured set) is never used."""
     try:
         document = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise KeySetUnavailable("it is not JSON") from exc
     keys = document.get("keys") if isinstance(document, dict) else None
     if not isinstance(keys, list):

@@ -85,7 +85,9 @@ KIND_OF = {
     "test_db_restart": "e2e",
     "test_jwt::test_rotation_refetches_at_a_bounded_rate": "e2e",
     "test_jwt::test_an_unreachable_key_set_is_401_until_it_answers": "e2e",
-    "test_jwt::test_any_token_is_refused_as_unauthorized": "integration",  # a JWKS server
+    # A JWKS server of the test's own (a thread).
+    "test_jwt::test_any_token_is_refused_as_unauthorized": "integration",
+    "test_jwt::test_what_a_key_set_may_hold": "integration",
 }
 
 

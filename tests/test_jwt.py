@@ -29,7 +29,7 @@ from langgraph_sdk.errors import NotFoundError
 
 from app.config import Settings
 from app.errors import Unauthorized
-from app.tokens import TokenVerifier
+from app.tokens import MAX_JWKS_BYTES, KeySetUnavailable, TokenVerifier, fetch_key_set
 from tests.support import (
     ServerProcess,
     assert_problem,
@@ -49,16 +49,18 @@ def new_rsa() -> rsa.RSAPrivateKey:
 
 
 def public_jwk(key: SigningKey, kid: str) -> dict[str, Any]:
-    algorithm = jwt.algorithms.RSAAlgorithm if isinstance(key, rsa.RSAPrivateKey) else None
-    text = (algorithm or jwt.algorithms.ECAlgorithm).to_jwk(key.public_key())
+    if isinstance(key, rsa.RSAPrivateKey):
+        text = jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key())
+    else:
+        text = jwt.algorithms.ECAlgorithm.to_jwk(key.public_key())
     return {**json.loads(text), "kid": kid, "use": "sig"}
 
 
 @dataclass
 class IdentityProvider:
-    """A JWKS endpoint on an ephemeral port: its document can change, it counts its fetches
-    (with the time of each, on this process's monotonic clock, which the server's matches
-    in spirit only: the tests wait on these times plus margins)."""
+    """A JWKS endpoint (a thread of the test process) on an ephemeral port: its document can
+    change, and it notes the time of each fetch on the system's monotonic clock, the one the
+    server's refetch interval is measured on (so a test can wait until the interval is past)."""
 
     port: int = 0
     body: bytes = b'{"keys": []}'
@@ -370,8 +372,8 @@ async def test_an_unreachable_key_set_is_401_until_it_answers(database_url: str)
     try:
         token = sign(key, "k", claims("ignored", email="ann@example.com"))
         async with client(proc.url, token) as http:
-            started = time.monotonic()
             response = await http.get("/api/agent")
+            started = time.monotonic()  # after the server's failed fetch
             assert_refused(response, "TOKEN_KEYS_UNAVAILABLE")
             assert "cannot be fetched" in response.json()["detail"]
             assert_refused(await http.get("/api/agent/owner-events"), "TOKEN_KEYS_UNAVAILABLE")
@@ -391,6 +393,36 @@ async def test_an_unreachable_key_set_is_401_until_it_answers(database_url: str)
         idp.stop()
     finally:
         proc.stop()
+
+
+async def test_what_a_key_set_may_hold() -> None:
+    other = IdentityProvider().start()
+    try:
+        rsa_jwk = public_jwk(RSA_KEY, "good")
+        other.body = json.dumps(
+            {
+                "keys": [
+                    rsa_jwk,
+                    {k: v for k, v in rsa_jwk.items() if k != "kid"},
+                    {**rsa_jwk, "kid": "for-encryption", "use": "enc"},
+                    {**rsa_jwk, "kid": "private", "d": "AQAB"},
+                    "not a key",
+                ]
+            }
+        ).encode()
+        assert list(await fetch_key_set(other.url, timeout=5)) == ["good"]
+        for body, why in (
+            (b"[" * 100_000, "not JSON"),
+            (b'{"keys": {}}', "not a JWK set"),
+            (b" " * (MAX_JWKS_BYTES + 1), f"over {MAX_JWKS_BYTES} bytes"),
+        ):
+            other.body = body
+            with pytest.raises(KeySetUnavailable, match=why):
+                await fetch_key_set(other.url, timeout=5)
+    finally:
+        other.stop()
+    with pytest.raises(KeySetUnavailable, match="ConnectError"):
+        await fetch_key_set(other.url, timeout=5)
 
 
 def test_settings_name_what_jwt_mode_lacks() -> None:

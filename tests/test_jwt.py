@@ -38,6 +38,7 @@ from tests.support import (
     free_port,
     sse,
 )
+from tests.test_ag_ui import run, run_input, scripted, user
 
 ISSUER = "https://idp.test/"
 AUDIENCE = "ferryman-test"
@@ -154,7 +155,8 @@ def provider() -> Iterator[IdentityProvider]:
 
 @pytest.fixture(scope="module")
 def jwt_server(database_url: str, provider: IdentityProvider) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url, env=server_env(provider)).start()
+    # With a worker, for the AG-UI run.
+    proc = ServerProcess(database_url, env=server_env(provider), worker=True).start()
     yield proc
     proc.stop()
 
@@ -290,6 +292,19 @@ async def test_the_agent_protocol_sdk_sends_the_token(jwt_server: ServerProcess)
     assert (await mine.threads.get(thread["thread_id"]))["metadata"]["via"] == "jwt"
     with pytest.raises(NotFoundError):
         await theirs.threads.get(thread["thread_id"])
+
+
+async def test_ag_ui_takes_the_token(jwt_server: ServerProcess) -> None:
+    thread_id = str(uuid.uuid4())
+    body = run_input(thread_id, [user("hi")], forwardedProps=scripted([{"text": "Hello."}]))
+    async with client(jwt_server.url, token_for(subject := a_subject())) as http:
+        events = await run(http, "/ag-ui/agent", body)
+        assert events[-1].type == "RUN_FINISHED"
+        session = (await http.get(f"/api/agent/{thread_id}")).json()
+        assert session["ownerId"] == subject
+    async with client(jwt_server.url, token_for(a_subject())) as other:
+        response = await other.get(f"/api/agent/{thread_id}")
+        assert_problem(response, 404, "SESSION_NOT_FOUND")
 
 
 def test_tokens_never_reach_the_logs(jwt_server: ServerProcess) -> None:

@@ -7,9 +7,11 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.domain import MODEL_NAME_PATTERN
@@ -21,6 +23,25 @@ def default_data_dir() -> Path:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         return Path("/var/lib/ferryman")
     return Path(platformdirs.user_data_dir("ferryman"))
+
+
+AuthMode = Literal["local", "keys", "jwt"]
+
+# The JWS algorithms a token may be signed with: asymmetric ones only. An HMAC algorithm would
+# take the identity provider's public key as its secret (the HMAC/RSA confusion), and `none`
+# is no signature.
+ASYMMETRIC_ALGORITHMS = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -46,7 +67,7 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     host: str = "127.0.0.1"
     port: int = 8000
-    auth: Literal["local", "keys"] | None = None
+    auth: AuthMode | None = None
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
 
@@ -130,17 +151,75 @@ class Settings(BaseSettings):
     # /metrics in keys mode: unset, it wants an API key; set, this bearer token instead.
     metrics_token: SecretStr | None = None
 
+    # Tokens of an identity provider (FERRYMAN_AUTH=jwt, docs/clients.md).
+    jwt_jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_owner_claim: str = Field(default="sub", min_length=1)
+    jwt_algorithms: str = ",".join(ASYMMETRIC_ALGORITHMS)
+    # Seconds of clock difference with the identity provider allowed on `exp`, `nbf`, `iat`.
+    jwt_leeway: float = Field(default=30.0, ge=0)
+    # A token naming a key the cached set lacks fetches the set again, at most once per this
+    # many seconds: tokens with made-up `kid`s cannot make us hammer the identity provider.
+    jwt_jwks_refetch_interval: float = Field(default=60.0, gt=0)
+    # The cached set is fetched again once this old, so a key the provider withdrew stops
+    # being accepted.
+    jwt_jwks_max_age: float = Field(default=300.0, gt=0)
+    jwt_jwks_timeout: float = Field(default=5.0, gt=0)
+
     # Retention.
     owner_event_retention_days: float = 7.0
     deleted_session_retention_days: float = 30.0
     idempotency_key_retention_hours: float = 24.0
     retention_interval: float = 3600.0
 
+    @field_validator("jwt_algorithms")
+    @classmethod
+    def _asymmetric_only(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        refused = [name for name in names if name not in ASYMMETRIC_ALGORITHMS]
+        if refused or not names:
+            raise ValueError(
+                f"{', '.join(refused) or 'nothing'} is not accepted: name one or more of "
+                f"{', '.join(ASYMMETRIC_ALGORITHMS)}, comma-separated"
+            )
+        return ",".join(names)
+
+    @field_validator("jwt_jwks_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError("must be an http(s) URL, `https://idp.example.com/jwks.json`")
+        return value
+
+    @model_validator(mode="after")
+    def _jwt_settings_given(self) -> Settings:
+        if self.auth != "jwt":
+            return self
+        missing = [
+            f"FERRYMAN_{name.upper()}"
+            for name in ("jwt_jwks_url", "jwt_issuer", "jwt_audience")
+            if not getattr(self, name)
+        ]
+        if missing:
+            raise PydanticCustomError(
+                "jwt_settings",
+                "FERRYMAN_AUTH=jwt needs {missing}: the identity provider's key set URL, the"
+                " issuer (`iss`) and the audience (`aud`) its tokens carry",
+                {"missing": " and ".join(missing)},
+            )
+        return self
+
+    def jwt_algorithm_names(self) -> list[str]:
+        return self.jwt_algorithms.split(",")
+
     def tool_module_specs(self) -> list[str]:
         return [m.strip() for m in self.tool_modules.split(",") if m.strip()]
 
     @property
-    def auth_mode(self) -> Literal["local", "keys"]:
+    def auth_mode(self) -> AuthMode:
         if self.auth is not None:
             return self.auth
         return "local" if is_loopback(self.host) else "keys"

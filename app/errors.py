@@ -16,6 +16,9 @@ class ProblemCode(StrEnum):
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
     AUTH_REQUIRED = "AUTH_REQUIRED"
     INVALID_API_KEY = "INVALID_API_KEY"
+    TOKEN_INVALID = "TOKEN_INVALID"
+    TOKEN_EXPIRED = "TOKEN_EXPIRED"
+    TOKEN_KEYS_UNAVAILABLE = "TOKEN_KEYS_UNAVAILABLE"
     CROSS_SITE_REQUEST = "CROSS_SITE_REQUEST"
     LOCAL_MODE_NOT_LOCAL = "LOCAL_MODE_NOT_LOCAL"
     NOT_FOUND = "NOT_FOUND"
@@ -112,12 +115,32 @@ class InvalidPageToken(FerrymanError):
     status, code, title = 400, ProblemCode.INVALID_PAGE_TOKEN, "Bad Request"
 
 
-class AuthRequired(FerrymanError):
+class Unauthorized(FerrymanError):
     status, code, title = 401, ProblemCode.AUTH_REQUIRED, "Unauthorized"
+    # The WWW-Authenticate challenge (RFC 6750): a bad token says so with `invalid_token`.
+    challenge = "Bearer"
 
 
-class InvalidApiKey(FerrymanError):
-    status, code, title = 401, ProblemCode.INVALID_API_KEY, "Unauthorized"
+class AuthRequired(Unauthorized):
+    code = ProblemCode.AUTH_REQUIRED
+
+
+class InvalidApiKey(Unauthorized):
+    code = ProblemCode.INVALID_API_KEY
+
+
+class TokenInvalid(Unauthorized):
+    code, challenge = ProblemCode.TOKEN_INVALID, 'Bearer error="invalid_token"'
+
+
+class TokenExpired(Unauthorized):
+    code, challenge = ProblemCode.TOKEN_EXPIRED, 'Bearer error="invalid_token"'
+
+
+class TokenKeysUnavailable(Unauthorized):
+    """The identity provider's keys cannot be had: the token may be good, and is not checked."""
+
+    code = ProblemCode.TOKEN_KEYS_UNAVAILABLE
 
 
 class TooManyStreams(FerrymanError):

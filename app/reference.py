@@ -21,7 +21,7 @@ import annotated_types
 from pydantic import AliasChoices, SecretStr
 from pydantic_core import PydanticUndefined
 
-from app import config, domain, generated
+from app import config, domain, generated, tokens
 from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.domain import SessionErrorCode
@@ -48,7 +48,9 @@ SETTINGS: dict[str, str] = {
     "host": "Bind address (also `--host`). Loopback makes local mode the default.",
     "port": "Bind port (also `--port`; `0`: one the system chooses).",
     "auth": "`local`: requests without a key act as owner `local`; `keys`: every request needs"
-    " an API key. Unset: `local` on a loopback host, else `keys` (`local` is refused there).",
+    " an API key; `jwt`: every request needs a token of the identity provider (`FERRYMAN_JWT_*`,"
+    " [clients.md](clients.md#tokens-of-an-identity-provider)). Unset: `local` on a loopback"
+    " host, else `keys` (`local` is refused there).",
     "log_level": "`debug`, `info`, `warning` or `error`; `debug` (as `ferryman --debug`) also"
     " shows a start-up failure's traceback.",
     "log_format": "`json` lines, `console`, or `auto`: console on a terminal, else JSON.",
@@ -128,7 +130,24 @@ SETTINGS: dict[str, str] = {
     "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
     "cors_origins": "Origins (`https://app.example.com`) whose browser pages may call the API"
     " (CORS), comma-separated; `*` for any. Keys travel in headers, never cookies.",
-    "metrics_token": "In keys mode `/metrics` wants this bearer token; unset, any API key.",
+    "metrics_token": "In keys (or jwt) mode `/metrics` wants this bearer token; unset, any API"
+    " key (or token).",
+    "jwt_jwks_url": "jwt mode (required): the identity provider's JWK set, `https://...`; its"
+    " keys are cached.",
+    "jwt_issuer": "jwt mode (required): the `iss` every token must carry.",
+    "jwt_audience": "jwt mode (required): the audience every token's `aud` must name.",
+    "jwt_owner_claim": "The claim naming a token's owner: a string of the owner id's form (1 to"
+    " 128 letters, digits and `. _ @ -`), else 401 `TOKEN_INVALID`.",
+    "jwt_algorithms": "The signature algorithms tokens may use, comma-separated: asymmetric ones"
+    " only (`none` and `HS*` are refused at start-up).",
+    "jwt_leeway": "Seconds of clock difference with the identity provider allowed on `exp`, `nbf`"
+    " and `iat`.",
+    "jwt_jwks_refetch_interval": "Seconds between fetches of the key set: a token naming a `kid`"
+    " the cached set lacks fetches it again at most this often (and a failed fetch is retried"
+    " no sooner).",
+    "jwt_jwks_max_age": "Seconds after which the cached key set is fetched again, so a withdrawn"
+    " key stops being accepted; while the provider cannot be reached the old keys stay in use.",
+    "jwt_jwks_timeout": "Seconds one fetch of the key set may take in all.",
     "owner_event_retention_days": "Owner events older than this are pruned (the newest is kept).",
     "deleted_session_retention_days": "Soft-deleted sessions are purged after this.",
     "idempotency_key_retention_hours": "How long an `Idempotency-Key` is remembered.",
@@ -146,6 +165,7 @@ LIMIT_MODULES = (
     protocol_assistants,
     protocol_runs,
     ag_ui_schemas,
+    tokens,
 )
 NAMED_LIMITS: dict[str, str] = {
     "MAX_AG_UI_MESSAGES": "AG-UI: `messages` of a `RunAgentInput` (the history it resends).",
@@ -171,6 +191,8 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_PENDING_DELETES": "Agent Protocol: stateless runs' threads one API process holds to"
     " delete once their run ends; past it (or after a restart) the retention pass deletes them"
     " ([langgraph.md](langgraph.md)).",
+    "MAX_JWKS_BYTES": "jwt mode: the identity provider's key set, in bytes (bigger: not"
+    " used, `TOKEN_KEYS_UNAVAILABLE` if no set was fetched before).",
     "MAX_IDEMPOTENCY_KEY_CHARS": "The `Idempotency-Key` header, in characters.",
     "MAX_ASSISTANT_NAME_CHARS": "An assistant's `name`, in characters.",
     "MAX_ASSISTANT_DESCRIPTION_CHARS": "An assistant's `description`, in characters.",
@@ -203,8 +225,19 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         " stream: or `<seq>.<chunk>`, a token delta's id).",
     ),
     ProblemCode.INVALID_PAGE_TOKEN: (400, "A `pageToken` this server did not give out."),
-    ProblemCode.AUTH_REQUIRED: (401, "Keys mode, and the request has no API key."),
+    ProblemCode.AUTH_REQUIRED: (401, "Keys or jwt mode, and the request has no key or token."),
     ProblemCode.INVALID_API_KEY: (401, "The API key is unknown or revoked."),
+    ProblemCode.TOKEN_INVALID: (
+        401,
+        "jwt mode: the token is not a JWT, or its signature, algorithm, key (`kid`), issuer,"
+        " audience, `nbf`, `exp` claim or owner claim is wrong or missing; `detail` says which.",
+    ),
+    ProblemCode.TOKEN_EXPIRED: (401, "jwt mode: the token's `exp` has passed; get a new one."),
+    ProblemCode.TOKEN_KEYS_UNAVAILABLE: (
+        401,
+        "jwt mode: the identity provider's key set has never been fetched (unreachable, or not"
+        " a JWK set), so no token can be checked; retry later.",
+    ),
     ProblemCode.CROSS_SITE_REQUEST: (
         403,
         "Local mode: a write whose `Origin` is not a local page (or is `null`).",

@@ -20,6 +20,7 @@ from app.store.events import PageRows, Pages, PageWant
 from app.store.notify import STREAMS_CHANNEL
 from app.streams.feed import PAGE_ROWS, FeedHub, Heads
 from app.streams.sse import StreamSlots
+from app.tokens import TokenVerifier
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Services:
     hub: FeedHub
     slots: StreamSlots
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+    # FERRYMAN_AUTH=jwt: what checks the identity provider's tokens (and caches its keys).
+    tokens: TokenVerifier | None = None
     # The streams' reads of the logs, and of the session feeds' heads, coalesced
     # (app/coalesce.py).
     session_pages: Coalescer[PageWant, PageRows] = field(init=False)
@@ -136,7 +139,8 @@ class Services:
             outage_close=settings.stream_outage_close,
         )
         slots = StreamSlots(settings.max_streams_per_owner)
-        return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots)
+        tokens = TokenVerifier(settings) if settings.auth_mode == "jwt" else None
+        return cls(settings=settings, db=db, bus=bus, hub=hub, slots=slots, tokens=tokens)
 
     def local_tools(self) -> ToolRegistry:
         """The built-in and plug-in tools this process loads (MCP servers' tools come only

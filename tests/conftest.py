@@ -50,7 +50,7 @@ PROCESS_FIXTURES = frozenset(
     {
         *("server", "api", "start_worker", "shared_worker"),  # here
         *("served", "bounded_api", "limited", "keys_server", "local_server", "other_server"),
-        *("small_writes", "web", "browser", "bouncer", "llm", "cluster"),
+        *("small_writes", "web", "browser", "bouncer", "llm", "cluster", "jwt_server"),
     }
 )
 DATABASE_FIXTURES = frozenset(
@@ -83,6 +83,11 @@ KIND_OF = {
     "test_embedded": "e2e",
     "test_embedded_supervision": "e2e",
     "test_db_restart": "e2e",
+    "test_jwt::test_rotation_refetches_at_a_bounded_rate": "e2e",
+    "test_jwt::test_an_unreachable_key_set_is_401_until_it_answers": "e2e",
+    # A JWKS server of the test's own (a thread).
+    "test_jwt::test_any_token_is_refused_as_unauthorized": "integration",
+    "test_jwt::test_what_a_key_set_may_hold": "integration",
 }
 
 

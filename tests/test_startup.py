@@ -145,8 +145,18 @@ async def test_an_embedded_database_that_cannot_start() -> None:
     [
         (
             {"FERRYMAN_PORT": "abc", "FERRYMAN_AUTH": "maybe"},
-            ["FERRYMAN_PORT='abc'", "valid integer", "FERRYMAN_AUTH='maybe'", "'local' or 'keys'"],
+            [
+                "FERRYMAN_PORT='abc'",
+                "valid integer",
+                "FERRYMAN_AUTH='maybe'",
+                "'local', 'keys' or 'jwt'",
+            ],
         ),
+        (
+            {"FERRYMAN_AUTH": "jwt", "FERRYMAN_JWT_JWKS_URL": "https://idp.test/jwks.json"},
+            ["FERRYMAN_AUTH=jwt needs FERRYMAN_JWT_ISSUER and FERRYMAN_JWT_AUDIENCE"],
+        ),
+        ({"FERRYMAN_JWT_ALGORITHMS": "HS256"}, ["FERRYMAN_JWT_ALGORITHMS='HS256'", "HS256 is not"]),
         ({"FERRYMAN_HEARTBEAT_INTERVAL": "soon"}, ["FERRYMAN_HEARTBEAT_INTERVAL='soon'"]),
         ({"FERRYMAN_LOG_LEVEL": "verbose"}, ["FERRYMAN_LOG_LEVEL='verbose'", "debug, info"]),
     ],

@@ -8,9 +8,10 @@ from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.db.pool import Database
-from app.errors import AuthRequired, InvalidApiKey
+from app.errors import AuthRequired, InvalidApiKey, TokenInvalid
 from app.services import Services
 from app.store import keys
+from app.tokens import TokenVerifier
 
 LOCAL_OWNER = "local"
 
@@ -35,6 +36,9 @@ DatabaseDep = Annotated[Database, Depends(get_db)]
 
 
 async def resolve_owner(services: Services, request: Request, token: str | None) -> str:
+    """The one place a request's credential becomes its owner, in every auth mode."""
+    if services.tokens is not None:
+        return await _token_owner(services.tokens, request, token)
     if token is None and request.headers.get("authorization"):
         raise InvalidApiKey("the Authorization header must be `Bearer <api key>`")
     if token:
@@ -46,6 +50,16 @@ async def resolve_owner(services: Services, request: Request, token: str | None)
     if services.settings.auth_mode == "local":
         return LOCAL_OWNER
     raise AuthRequired("an API key is required: send `Authorization: Bearer <key>`")
+
+
+async def _token_owner(tokens: TokenVerifier, request: Request, token: str | None) -> str:
+    if token:
+        return await tokens.owner(token)
+    if request.headers.get("authorization"):
+        raise TokenInvalid("the Authorization header must be `Bearer <token>`")
+    raise AuthRequired(
+        "a token of the identity provider is required: send `Authorization: Bearer <token>`"
+    )
 
 
 async def current_owner(
@@ -65,7 +79,8 @@ async def current_stream_owner(
         str | None,
         Query(
             alias="access_token",
-            description="The API key, for browsers' EventSource, which cannot send headers.",
+            description="The API key (or, with FERRYMAN_AUTH=jwt, the token), for browsers'"
+            " EventSource, which cannot send headers. Access logs are off, so it is not logged.",
         ),
     ] = None,
 ) -> str:

@@ -32,8 +32,9 @@ _SECURITY_SCHEMES = {
         "scheme": "bearer",
         "description": (
             "An API key from `ferryman keys create`, as `Authorization: Bearer <key>`. Required "
-            "when the server runs with FERRYMAN_AUTH=keys; a server in local mode (the default, "
-            "loopback only) needs none, and every operation also allows no credentials."
+            "when the server runs with FERRYMAN_AUTH=keys; with FERRYMAN_AUTH=jwt, a token of "
+            "the identity provider instead. A server in local mode (the default, loopback only) "
+            "needs none, and every operation also allows no credentials."
         ),
     }
 }

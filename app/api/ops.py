@@ -72,8 +72,9 @@ async def readyz(services: ServicesDep) -> Response:
 
 
 async def _metrics_access(services: ServicesDep, request: Request) -> None:
-    """In keys mode /metrics wants FERRYMAN_METRICS_TOKEN when one is set (for a scraper that
-    is no owner), else any valid API key. Local mode answers everyone, like every route."""
+    """In keys (or jwt) mode /metrics wants FERRYMAN_METRICS_TOKEN when one is set (for a
+    scraper that is no owner), else any valid API key (or token). Local mode answers everyone,
+    like every route."""
     if services.settings.auth_mode == "local":
         return
     header = request.headers.get("authorization", "")

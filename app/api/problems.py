@@ -18,7 +18,7 @@ from starlette.routing import Match
 
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.domain import MODEL_NAME_PATTERN, MODEL_NAME_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE
-from app.errors import FerrymanError, ProblemCode
+from app.errors import FerrymanError, ProblemCode, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def problem(
 def _ferryman_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FerrymanError)
     headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
-    if exc.status == 401:
-        headers = {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": exc.challenge}
     return problem(exc.status, exc.code, exc.title, exc.detail, headers, **exc.extra)
 
 

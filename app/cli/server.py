@@ -83,9 +83,12 @@ def _settings(**overrides: Any) -> Settings:
 
 
 def _invalid_settings(exc: ValidationError) -> str:
-    """Each variable that is wrong, with its value and why."""
+    """Each variable that is wrong, with its value and why (a rule between variables names
+    them in its message)."""
     problems = "; ".join(
         f"FERRYMAN_{str(error['loc'][0]).upper()}={error['input']!r}: {error['msg']}"
+        if error["loc"]
+        else error["msg"]
         for error in exc.errors()
     )
     return f"{problems}; set a valid value or unset it"
@@ -248,6 +251,8 @@ def serve(host: str | None, port: int | None, worker: bool) -> None:
         sock = _listen(settings.host, settings.port)
         click.echo("Preparing the database ...", err=True)
         url = _prepare(settings)
+        if settings.auth_mode == "jwt":
+            _warn_plain_jwks(settings)
         if settings.auth_mode == "keys" and not _any_active_key(settings, url):
             click.secho(
                 "warning: no API key exists yet, so every request will answer 401; create one "
@@ -284,6 +289,23 @@ def _prepare(settings: Settings) -> str:
     from app.db import bootstrap
 
     return _on_database(settings, lambda: bootstrap.prepare(settings))
+
+
+def _warn_plain_jwks(settings: Settings) -> None:
+    """A key set fetched over plain HTTP can be swapped on the way for one that signs any
+    token; on this machine or a private network that may be a choice, so a warning."""
+    from urllib.parse import urlsplit
+
+    from app.config import is_loopback
+
+    parts = urlsplit(settings.jwt_jwks_url or "")
+    if parts.scheme != "https" and not is_loopback(parts.hostname or ""):
+        click.secho(
+            f"warning: FERRYMAN_JWT_JWKS_URL {settings.jwt_jwks_url} is not https: whoever "
+            "can change it on the way can sign tokens for any owner",
+            fg="yellow",
+            err=True,
+        )
 
 
 def _any_active_key(settings: Settings, url: str) -> bool:

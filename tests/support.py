@@ -239,6 +239,20 @@ async def sse(
         yield events()
 
 
+async def owner_backlog(http: httpx.AsyncClient, cursor: str) -> list[ServerSentEvent]:
+    """The owner events after `cursor` (the durable ones, up to `caught_up`)."""
+    seen = []
+    async with (
+        asyncio.timeout(10),
+        sse(http, "/api/agent/owner-events", last_event_id=cursor) as events,
+    ):
+        async for event in events:
+            if event.event == "caught_up":
+                break
+            seen.append(event)
+    return seen
+
+
 async def first_delta(http: httpx.AsyncClient, session_id: str) -> None:
     """Return once the session's model has begun to stream its answer (a `message_delta`)."""
     async with sse(http, f"/api/agent/{session_id}/events") as events:

@@ -32,8 +32,8 @@ from tests.support import (
     client,
     create_owner_key,
     free_port,
+    owner_backlog,
     ready,
-    sse,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -101,15 +101,7 @@ async def test_threads(sdk: LangGraphClient, protocol_api: ServerProcess, key: s
     # Its session_created (written in the insert's statement) shows the session as GET does.
     async with client(protocol_api.url, key) as http:
         native = (await http.get(f"/api/agent/{tid}")).json()
-        created = []
-        async with (
-            asyncio.timeout(10),
-            sse(http, "/api/agent/owner-events", last_event_id=before) as events,
-        ):
-            async for event in events:
-                if event.event == "caught_up":
-                    break
-                created.append(json.loads(event.data))
+        created = [json.loads(e.data) for e in await owner_backlog(http, before)]
     assert [(e["type"], e["data"]["session"]) for e in created] == [("session_created", native)]
     assert thread["status"] == "idle"
     assert thread["metadata"]["user"] == "ann"

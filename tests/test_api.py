@@ -18,6 +18,7 @@ from tests.support import (
     client,
     create_owner_key,
     create_session,
+    owner_backlog,
     query,
     sse,
 )
@@ -62,20 +63,6 @@ async def make_running(database_url: str, session_id: str) -> None:
         " attempt = 1, lease_expires_at = now() + interval '1 min' WHERE id = %s",
         (session_id,),
     )
-
-
-async def owner_backlog(http: httpx.AsyncClient, cursor: str) -> list[Any]:
-    """The owner events after `cursor` (the durable ones, up to `caught_up`)."""
-    seen = []
-    async with (
-        asyncio.timeout(10),
-        sse(http, "/api/agent/owner-events", last_event_id=cursor) as events,
-    ):
-        async for event in events:
-            if event.event == "caught_up":
-                break
-            seen.append(event)
-    return seen
 
 
 async def cursor_of(http: httpx.AsyncClient) -> str:

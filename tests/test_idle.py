@@ -3,7 +3,6 @@ becomes seq 1 and the prompt and queues the session for a real worker; cancel an
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
@@ -14,7 +13,7 @@ from tests.support import (
     WorkerProcess,
     assert_problem,
     client,
-    sse,
+    owner_backlog,
     transcript,
     wait_for_status,
 )
@@ -38,15 +37,7 @@ async def test_a_session_without_a_prompt_is_idle(api: ServerProcess, key: str) 
         listed = (await http.get("/api/agent", params={"status": "idle"})).json()["sessions"]
         assert [s["id"] for s in listed] == [session["id"]]
         # The owner feed announces it as it does any session.
-        created = []
-        async with (
-            asyncio.timeout(10),
-            sse(http, "/api/agent/owner-events", last_event_id=before) as events,
-        ):
-            async for event in events:
-                if event.event == "caught_up":
-                    break
-                created.append(json.loads(event.data))
+        created = [json.loads(e.data) for e in await owner_backlog(http, before)]
         assert [(e["type"], e["data"]["session"]["status"]) for e in created] == [
             ("session_created", "idle")
         ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -29,6 +30,9 @@ from tests.support import (
     create_owner_key,
     stop_all,
 )
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page, Route
 
 PACKAGE = Path(REPO) / "tests" / "js" / "agent_protocol"
 PREFIX = "/agent-protocol"
@@ -148,6 +152,50 @@ def control_server(
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def record_texts(selector: str) -> str:
+    """A page's init script keeping, in `window.__texts`, every text the elements of
+    `selector` showed, in the order they showed it: proof that a reply grew token by token
+    rather than landing whole."""
+    return f"""
+window.__texts = [];
+new MutationObserver(() => {{
+  for (const el of document.querySelectorAll({json.dumps(selector)})) {{
+    const text = el.textContent;
+    if (text && window.__texts.at(-1) !== text) window.__texts.push(text);
+  }}
+}}).observe(document, {{ subtree: true, childList: true, characterData: true }});
+"""
+
+
+@contextlib.contextmanager
+def bundle_tab(
+    browser: Browser, bundle: Path, origin: str, page_path: str, init_script: str
+) -> Iterator[Page]:
+    """A fresh tab whose context answers `origin + page_path` with a bundled example (the
+    directory `bundle`: index.html and app.js), so that the page runs at the API's origin;
+    the test fails on any script error in it."""
+    context = browser.new_context()
+    files = {"": "index.html", "index.html": "index.html", "app.js": "app.js"}
+    types = {".html": "text/html", ".js": "text/javascript"}
+
+    def answer(route: Route) -> None:
+        name = files.get(route.request.url.split(page_path, 1)[1].split("?", 1)[0])
+        if name is None:
+            route.fulfill(status=404)
+            return
+        path = bundle / name
+        route.fulfill(body=path.read_bytes(), content_type=types[path.suffix])
+
+    context.route(re.compile(re.escape(origin + page_path) + ".*"), answer)
+    context.add_init_script(init_script)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    yield tab
+    context.close()
+    assert errors == [], errors
 
 
 def protocol_http(stack: Stack) -> httpx.Client:

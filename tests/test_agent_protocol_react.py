@@ -30,6 +30,8 @@ import pytest
 from tests.agent_protocol_js import (
     PACKAGE,
     Stack,
+    bundle_tab,
+    record_texts,
     running_stack,
     scripted_thread,
     sdk_node,
@@ -40,7 +42,7 @@ with contextlib.suppress(ImportError):  # the test extra installs it; else `brow
     from playwright.sync_api import expect
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page, Route
+    from playwright.sync_api import Browser, Page
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.once]
 
@@ -51,17 +53,7 @@ PAGE_PATH = "/react-example/"
 LONG_REPLY = "Counting slowly: one, two, three, four, five, six, seven, eight, nine, ten."
 SECOND_REPLY = "And back down: ten, nine, eight, seven, six, five, four, three, two, one."
 
-# Every text the page's messages showed, in the order it showed them: proof that a reply grew
-# token by token rather than landing whole.
-RECORD_TEXTS = """
-window.__texts = [];
-new MutationObserver(() => {
-  for (const el of document.querySelectorAll(".message.ai .text")) {
-    const text = el.textContent;
-    if (text && window.__texts.at(-1) !== text) window.__texts.push(text);
-  }
-}).observe(document, { subtree: true, childList: true, characterData: true });
-"""
+RECORD_TEXTS = record_texts(".message.ai .text")
 
 
 @pytest.fixture(scope="module")
@@ -92,28 +84,9 @@ def page(
     bundle: Path,
     served: Stack,
 ) -> Iterator[Page]:
-    """A fresh tab whose context answers the API origin's /react-example/ with the bundle; the
-    test fails on any script error in it."""
-    context = browser.new_context()
-    files = {"": "index.html", "index.html": "index.html", "app.js": "app.js"}
-    types = {".html": "text/html", ".js": "text/javascript"}
-
-    def answer(route: Route) -> None:
-        name = files.get(route.request.url.split(PAGE_PATH, 1)[1].split("?", 1)[0])
-        if name is None:
-            route.fulfill(status=404)
-            return
-        path = bundle / name
-        route.fulfill(body=path.read_bytes(), content_type=types[path.suffix])
-
-    context.route(re.compile(re.escape(served.api.url + PAGE_PATH) + ".*"), answer)
-    context.add_init_script(RECORD_TEXTS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    yield tab
-    context.close()
-    assert errors == [], errors
+    """A fresh tab at the API origin's /react-example/ with the bundle."""
+    with bundle_tab(browser, bundle, served.api.url, PAGE_PATH, RECORD_TEXTS) as tab:
+        yield tab
 
 
 GREETING = "Hello! Ask me anything."

@@ -13,7 +13,6 @@ module skips, except under CI=true, where it fails.
 from __future__ import annotations
 
 import contextlib
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,14 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.agent_protocol_js import PACKAGE, Stack, running_stack, sdk_node
+from tests.agent_protocol_js import (
+    PACKAGE,
+    Stack,
+    bundle_tab,
+    record_texts,
+    running_stack,
+    sdk_node,
+)
 from tests.npm import node_tools
 from tests.test_workbench import browser  # noqa: F401 - Debian's Chromium, one per module
 
@@ -30,7 +36,7 @@ with contextlib.suppress(ImportError):  # the test extra installs it; else `brow
     from playwright.sync_api import expect
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page, Route
+    from playwright.sync_api import Browser, Page
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.once]
 
@@ -38,16 +44,7 @@ WHAT = "the TypeScript client's React page in a real browser"
 CLIENT = Path(PACKAGE).parents[2] / "clients" / "typescript"
 PAGE_PATH = "/react-client/"
 REPLY = "One, two, three, four, five, six, seven, eight."
-# Every text the page's assistant messages showed, in order: proof that a reply grew.
-RECORD_TEXTS = """
-window.__texts = [];
-new MutationObserver(() => {
-  for (const el of document.querySelectorAll(".message.assistant .text")) {
-    const text = el.textContent;
-    if (text && window.__texts.at(-1) !== text) window.__texts.push(text);
-  }
-}).observe(document, { subtree: true, childList: true, characterData: true });
-"""
+RECORD_TEXTS = record_texts(".message.assistant .text")
 
 
 @pytest.fixture(scope="module")
@@ -87,29 +84,11 @@ def page(
     bundle: Path,
     served: Stack,
 ) -> Iterator[Page]:
-    """A tab on the page at the API's origin; the test fails on any script error in it."""
-    context = browser.new_context()
-    files = {"": "index.html", "index.html": "index.html", "app.js": "app.js"}
-    types = {".html": "text/html", ".js": "text/javascript"}
-
-    def answer(route: Route) -> None:
-        name = files.get(route.request.url.split(PAGE_PATH, 1)[1].split("?", 1)[0])
-        if name is None:
-            route.fulfill(status=404)
-            return
-        path = bundle / name
-        route.fulfill(body=path.read_bytes(), content_type=types[path.suffix])
-
-    context.route(re.compile(re.escape(served.api.url + PAGE_PATH) + ".*"), answer)
-    context.add_init_script(RECORD_TEXTS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    tab.goto(f"{served.api.url}{PAGE_PATH}?key={served.key}")
-    expect(tab.locator(".connection")).to_have_text("live")
-    yield tab
-    context.close()
-    assert errors == [], errors
+    """A tab on the page at the API's origin, live."""
+    with bundle_tab(browser, bundle, served.api.url, PAGE_PATH, RECORD_TEXTS) as tab:
+        tab.goto(f"{served.api.url}{PAGE_PATH}?key={served.key}")
+        expect(tab.locator(".connection")).to_have_text("live")
+        yield tab
 
 
 def api(served: Stack) -> httpx.Client:
@@ -138,7 +117,9 @@ def test_the_list_is_live_across_an_api_restart(page: Page, served: Stack) -> No
         first = made.json()["id"]
         row = page.locator(f".session[data-id='{first}']")
         expect(row).to_have_attribute("data-status", "succeeded")
-        row.locator(".cancel").click()  # 409 SESSION_ALREADY_TERMINAL: taken as ended
+        # 409 SESSION_ALREADY_TERMINAL: taken as ended (answered before the restart below).
+        with page.expect_response(lambda response: "/cancel" in response.url):
+            row.locator(".cancel").click()
         served.restart_api()
         expect(page.locator(".connection")).to_have_text("live")
         later = http.post("/api/agent", json={"title": "after the restart"})

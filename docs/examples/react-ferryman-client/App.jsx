@@ -96,7 +96,11 @@ export function App({ baseUrl, apiKey }) {
               {s.title}
             </button>
             <span className="session-status">{s.status}</span>
-            <button type="button" className="cancel" onClick={() => live?.cancel(s.id)}>
+            <button
+              type="button"
+              className="cancel"
+              onClick={() => live?.cancel(s.id).catch((failure) => setError(`${failure.code ?? ""} ${failure.message}`))}
+            >
               Cancel
             </button>
           </li>

@@ -84,6 +84,9 @@ async def resolve_session(
         assistant_version=None if pinned is None else pinned["version"],
         request=None if pinned is None else body.model_dump(mode="json", exclude_unset=True),
         client_tools=client_tools,
+        compaction=body.compaction.model_dump(exclude_none=True)
+        if body.compaction is not None
+        else base.get("compaction"),
     )
 
 

@@ -211,6 +211,7 @@ def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
         "tools": row["tools"],
         "approvalRequired": row["approval_required"] or [],
         "metadata": row["metadata"],
+        "compaction": row.get("compaction"),
         "version": row["version"],
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),

@@ -240,3 +240,39 @@ async def test_a_worker_killed_during_a_compaction_leaves_no_half_of_one(
     texts = [e["data"]["text"] for e in of_type(events, "assistant_message")]
     assert texts[-1] == "done"
     assert len(of_type(events, "session_resumed")) == 1
+
+
+async def test_a_session_takes_its_assistants_compaction_unless_it_gives_its_own(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker(FAST))
+    own = {"triggerTokens": 5000, "keepRecentTurns": 0}
+    async with client(api.url, key) as http:
+        made = await http.post(
+            "/api/assistants",
+            json={
+                "name": "noter",
+                "model": "scripted",
+                "compaction": {"triggerTokens": 600, "keepRecentTurns": 1},
+            },
+        )
+        assert made.status_code == 201, made.text
+        assistant = made.json()
+        assert assistant["compaction"] == {"triggerTokens": 600, "keepRecentTurns": 1}
+        script = [*note_turns(6), {"text": "saved"}]
+        taken = await new_session(http, "go", assistantId=assistant["id"], script=script)
+        overridden = await new_session(
+            http, "go", assistantId=assistant["id"], script=script, compaction=own
+        )
+        patched = await http.patch(f"/api/assistants/{assistant['id']}", json={"compaction": None})
+        assert patched.status_code == 200 and patched.json()["compaction"] is None
+        session = await finished(http, taken)
+        assert session["compaction"] == assistant["compaction"]  # the pinned version's
+        assert of_type(await transcript(http, taken), "session_compacted")
+        session = await finished(http, overridden)
+        assert session["compaction"] == own
+        assert of_type(await transcript(http, overridden), "session_compacted") == []
+        bad = await http.post(
+            "/api/agent", json={"prompt": "x", "compaction": {"triggerTokens": 5}}
+        )
+        assert_problem(bad, 422, "VALIDATION_ERROR")

@@ -248,9 +248,17 @@ class Definition(Request):
         description="Tools whose every call waits for a person's approval in this session.",
     )
 
+    compaction: Compaction | None = Field(
+        default=None, description="When the conversation is summarized (docs/compaction.md)."
+    )
+
     def settings_dict(self) -> dict[str, Any] | None:
         """`modelSettings` as stored: the settings given, unset ones left out."""
         return self.modelSettings.model_dump(exclude_none=True) if self.modelSettings else None
+
+    def compaction_dict(self) -> dict[str, Any] | None:
+        """`compaction` as stored: the fields given, unset ones left out."""
+        return self.compaction.model_dump(exclude_none=True) if self.compaction else None
 
     @model_validator(mode="after")
     def _tool_choice_is_offered(self) -> Definition:
@@ -330,8 +338,8 @@ class CreateSession(Definition):
         min_length=1,
         max_length=100,
         description="Run this assistant's definition (model, instructions, modelSettings, tools,"
-        " approvalRequired); the fields given here override its own (modelSettings key by"
-        " key). 404 ASSISTANT_NOT_FOUND for none of yours.",
+        " approvalRequired, compaction); the fields given here override its own"
+        " (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours.",
     )
     assistantVersion: int | None = Field(
         default=None,
@@ -340,7 +348,6 @@ class CreateSession(Definition):
         description="The version of `assistantId` to pin; unset: its latest.",
     )
     clientTools: ClientTools
-    compaction: Compaction | None = None
 
     @model_validator(mode="after")
     def _version_of_an_assistant(self) -> CreateSession:
@@ -404,6 +411,9 @@ class Assistant(BaseModel):
     tools: list[str] | None = Field(description="null: all tools.")
     approvalRequired: list[str]
     metadata: dict[str, Any]
+    compaction: Compaction | None = Field(
+        default=None, description="Taken by its sessions unless they give their own."
+    )
     version: int = Field(description="1 at create; each PATCH writes the next.")
     createdAt: DateTime
     updatedAt: DateTime = Field(description="When this version was written.")

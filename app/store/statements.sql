@@ -37,7 +37,7 @@ SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id
@@ -163,7 +163,7 @@ ORDER BY updated_at LIMIT %(limit)s;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v
@@ -193,9 +193,9 @@ FROM sessions
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
-                                metadata)
+                                metadata, compaction)
 VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s);
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s);
 
 -- name: list_sessions
 SELECT
@@ -312,7 +312,7 @@ SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS paylo
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
                     approval_required = %(approval_required)s,
-                    client_tools = %(client_tools)s,
+                    client_tools = %(client_tools)s, compaction = %(compaction)s,
                     assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                     updated_at = clock_timestamp()
 WHERE id = %(id)s RETURNING
@@ -463,7 +463,7 @@ SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended)
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
@@ -721,7 +721,7 @@ WITH s AS (
     UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s, title = %(title)s,
-                        client_tools = %(client_tools)s,
+                        client_tools = %(client_tools)s, compaction = %(compaction)s,
                         assistant_id = %(assistant_id)s,
                         assistant_version = %(assistant_version)s, prompt = %(text)s,
                         status = 'queued', error = NULL, cancel_requested_at = NULL,

@@ -392,6 +392,8 @@ export interface components {
             metadata: {
                 [key: string]: unknown;
             };
+            /** @description Taken by its sessions unless they give their own. */
+            compaction?: components["schemas"]["Compaction"] | null;
             /** @description 1 at create; each PATCH writes the next. */
             version: number;
             /**
@@ -479,6 +481,8 @@ export interface components {
             modelSettings?: components["schemas"]["ModelSettings"];
             /** @description Tools whose every call waits for a person's approval in this session. */
             approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
             name: string;
             description?: string;
             /** @description Yours to keep with the assistant: at most 16384 bytes. */
@@ -497,18 +501,19 @@ export interface components {
             modelSettings?: components["schemas"]["ModelSettings"];
             /** @description Tools whose every call waits for a person's approval in this session. */
             approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
             /** @description The opening message (seq 1). Unset: the session is created `idle`, with no run until its first message, which becomes its prompt. */
             prompt?: string;
             title?: string;
             script?: components["schemas"]["ScriptTurn"][];
             metadata?: components["schemas"]["Metadata"];
-            /** @description Run this assistant's definition (model, instructions, modelSettings, tools, approvalRequired); the fields given here override its own (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours. */
+            /** @description Run this assistant's definition (model, instructions, modelSettings, tools, approvalRequired, compaction); the fields given here override its own (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours. */
             assistantId?: string;
             /** @description The version of `assistantId` to pin; unset: its latest. */
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
-            compaction?: components["schemas"]["Compaction"];
         };
         /** Health */
         Health: {
@@ -731,6 +736,8 @@ export interface components {
             modelSettings?: components["schemas"]["ModelSettings"];
             /** @description Tools whose every call waits for a person's approval in this session. */
             approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
             name?: string;
             description?: string;
             metadata?: {

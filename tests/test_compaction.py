@@ -8,10 +8,21 @@ SIGKILLed during a compaction leaves the previous view or a whole new one."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from typing import Any
 
-from tests.fake_provider import FakeProvider, text_reply, tool_reply, usage_chunk
+from tests.fake_provider import (
+    FakeProvider,
+    Reply,
+    message_end,
+    message_start,
+    text_block,
+    text_reply,
+    tool_reply,
+    tool_use_block,
+    usage_chunk,
+)
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -126,6 +137,46 @@ async def test_the_request_after_a_compaction_pairs_every_call_with_its_result(
     assert messages[3]["role"] == "tool" and messages[3]["tool_call_id"] == "call_b"
     assert len(messages) == 4
     assert {t["function"]["name"] for t in last["tools"]} >= {"put_note"}  # tools stay offered
+
+
+def anthropic_call(call_id: str, key: str, input_tokens: int) -> Reply:
+    arguments = json.dumps({"key": key, "text": LONG})
+    return Reply(
+        [
+            message_start(input_tokens),
+            *tool_use_block(0, call_id, "put_note", arguments),
+            *message_end("tool_use", 150),
+        ]
+    )
+
+
+async def test_the_anthropic_request_after_a_compaction_answers_every_tool_use(
+    api: ServerProcess, key: str, start_worker: StartWorker, fake: FakeProvider
+) -> None:
+    await ready(start_worker({**FAST, "FERRYMAN_ANTHROPIC_BASE_URL": fake.root}))
+    fake.answer(
+        anthropic_call("toolu_a", "a", 400),
+        anthropic_call("toolu_b", "b", 700),
+        Reply([message_start(), *text_block(0, "Both saved."), *message_end("end_turn")]),
+    )
+    async with client(api.url, key) as http:
+        sid = await new_session(
+            http,
+            "save a and b",
+            model="anthropic:fake-model",
+            compaction={"triggerTokens": 800, "keepRecentTurns": 1, "model": "scripted"},
+        )
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    assert len(of_type(events, "session_compacted")) == 1
+    messages = fake.requests[2].body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert "Summary" in messages[0]["content"][0]["text"]
+    [use] = [b for b in messages[1]["content"] if b["type"] == "tool_use"]
+    [answer] = messages[2]["content"]
+    assert use["id"] == "toolu_b" and answer["tool_use_id"] == "toolu_b"
+    assert answer["type"] == "tool_result"
 
 
 async def test_compact_on_a_finished_session_then_a_follow_up_sees_the_summary(

@@ -28,6 +28,8 @@ from app.agent.conversation import (
 from app.agent.models.anthropic import to_anthropic_messages
 from app.agent.models.openai import to_openai_messages
 from app.agent.resume import completed_turns
+from ferryman.fold import Compaction, SessionFold
+from tests.test_session_fold import durable
 
 
 @dataclass
@@ -207,3 +209,29 @@ def test_a_long_tool_result_is_shown_cut_with_a_marker() -> None:
     assert shown.content.startswith("z" * 1000) and "4000 more characters" in shown.content
     assert "FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS" in shown.content
     assert result.content == "z" * 5000
+
+
+def test_the_sdk_fold_keeps_every_message_and_marks_the_compaction() -> None:
+    fold = SessionFold()
+    fold.apply_all(
+        [
+            durable(1, "user_message", {"text": "hi", "delivery": "queued"}),
+            durable(
+                2, "assistant_message", {"text": "hello", "toolCalls": [], "stopReason": "stop"}
+            ),
+            durable(
+                3,
+                "session_compacted",
+                {
+                    "throughSeq": 2,
+                    "summary": "greeted",
+                    "tokensBefore": 9,
+                    "tokensAfter": 3,
+                    "model": "scripted",
+                },
+            ),
+        ]
+    )
+    snapshot = fold.snapshot()
+    assert [m.text for m in snapshot.messages] == ["hi", "hello"]
+    assert snapshot.compactions == (Compaction(3, 2, "greeted"),)

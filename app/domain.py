@@ -41,6 +41,9 @@ MAX_TOOLS = 64
 MAX_CLIENT_TOOLS = 64
 MAX_CLIENT_TOOLS_BYTES = 65_536
 MAX_INSTRUCTIONS_CHARS = 100_000
+# A compaction's `triggerTokens` at least, and `keepRecentTurns` at most (docs/compaction.md).
+MIN_COMPACTION_TRIGGER_TOKENS = 100
+MAX_KEEP_RECENT_TURNS = 1000
 MODEL_NAME_PATTERN = r"^(scripted|(openai|anthropic):[A-Za-z0-9._:/@-]{1,200})$"
 MODEL_NAME_RULE = (
     "must be `scripted`, `openai:<model>` or `anthropic:<model>`, where <model> is 1 to 200"
@@ -123,6 +126,10 @@ class SessionEventType(StrEnum):
     CLIENT_TOOL_RESULT = "client_tool_result"
     SESSION_INTERRUPTED = "session_interrupted"
     SESSION_END = "session_end"
+    # A summary the model sees instead of the log through `throughSeq` (docs/compaction.md).
+    SESSION_COMPACTED = "session_compacted"
+    # `POST /compact`: the next run step compacts (the API's write; the run honours it).
+    COMPACTION_REQUESTED = "compaction_requested"
 
 
 class SessionErrorCode(StrEnum):
@@ -186,6 +193,8 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
     }
     if row.get("client_tools") is not None:  # shown only when declared: other sessions as before
         view["clientTools"] = row["client_tools"]
+    if row.get("compaction") is not None:
+        view["compaction"] = row["compaction"]
     return view
 
 
@@ -202,6 +211,7 @@ def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
         "tools": row["tools"],
         "approvalRequired": row["approval_required"] or [],
         "metadata": row["metadata"],
+        "compaction": row.get("compaction"),
         "version": row["version"],
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),

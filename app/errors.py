@@ -30,6 +30,7 @@ class ProblemCode(StrEnum):
     SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     APPROVAL_NOT_PENDING = "APPROVAL_NOT_PENDING"
+    SESSION_NOT_COMPACTABLE = "SESSION_NOT_COMPACTABLE"
     CLIENT_TOOL_NOT_PENDING = "CLIENT_TOOL_NOT_PENDING"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
@@ -101,6 +102,10 @@ class IdempotencyKeyReused(FerrymanError):
 
 class ApprovalNotPending(FerrymanError):
     status, code, title = 409, ProblemCode.APPROVAL_NOT_PENDING, "Conflict"
+
+
+class SessionNotCompactable(FerrymanError):
+    status, code, title = 409, ProblemCode.SESSION_NOT_COMPACTABLE, "Conflict"
 
 
 class ClientToolNotPending(FerrymanError):

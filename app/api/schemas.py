@@ -26,6 +26,7 @@ from app.domain import (
     MAX_CLIENT_TOOLS_BYTES,
     MAX_INSTRUCTIONS_CHARS,
     MAX_JSON_DEPTH,
+    MAX_KEEP_RECENT_TURNS,
     MAX_MESSAGE_CHARS,
     MAX_METADATA_BYTES,
     MAX_PROMPT_CHARS,
@@ -33,6 +34,7 @@ from app.domain import (
     MAX_STOP_SEQUENCES,
     MAX_TITLE_CHARS,
     MAX_TOOLS,
+    MIN_COMPACTION_TRIGGER_TOKENS,
     MODEL_NAME_PATTERN,
     TOOL_NAME_PATTERN,
     SessionErrorCode,
@@ -125,6 +127,12 @@ class ScriptFault(Request):
     retryAfterMs: int | None = Field(default=None, ge=0, le=600_000)
 
 
+class ScriptUsage(Request):
+    inputTokens: int = Field(ge=0, le=100_000_000)
+    outputTokens: int = Field(default=0, ge=0, le=100_000_000)
+    cachedTokens: int = Field(default=0, ge=0, le=100_000_000)
+
+
 class ScriptTurn(Request):
     text: Text | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
     toolCalls: list[ScriptToolCall] | None = Field(default=None, max_length=32)
@@ -132,6 +140,14 @@ class ScriptTurn(Request):
     delayMs: int | None = Field(default=None, ge=0, le=600_000)
     chunks: int | None = Field(default=None, ge=1, le=10_000)
     fault: ScriptFault | None = None
+    summary: Text | None = Field(
+        default=None,
+        max_length=MAX_MESSAGE_CHARS,
+        description="The summary a compaction writes when this is the last turn it covers.",
+    )
+    usage: ScriptUsage | None = Field(
+        default=None, description="The usage the turn reports, as a provider would."
+    )
 
 
 StopSequence = Annotated[Text, Field(min_length=1, max_length=200)]
@@ -169,6 +185,41 @@ def tool_choice_problem(
     return None
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+class Compaction(Request):
+    """When the model's conversation is replaced by a summary (docs/compaction.md)."""
+
+    triggerTokens: int = Field(
+        ge=MIN_COMPACTION_TRIGGER_TOKENS,
+        le=100_000_000,
+        description="Compact before a model call whose request would pass this many tokens.",
+    )
+    keepRecentTurns: int | None = Field(
+        default=None,
+        exclude_if=_unset,
+        ge=0,
+        le=MAX_KEEP_RECENT_TURNS,
+        description="Model turns kept verbatim after the summary; unset: 2.",
+    )
+    model: str | None = Field(
+        default=None,
+        exclude_if=_unset,
+        pattern=MODEL_NAME_PATTERN,
+        max_length=220,
+        description="The model that writes the summary; unset: the session's own.",
+    )
+    instructions: Text | None = Field(
+        default=None,
+        exclude_if=_unset,
+        min_length=1,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="The summarizing model's instructions; unset: Ferryman's.",
+    )
+
+
 class Definition(Request):
     """The agent definition a session runs with, and an assistant stores."""
 
@@ -197,9 +248,17 @@ class Definition(Request):
         description="Tools whose every call waits for a person's approval in this session.",
     )
 
+    compaction: Compaction | None = Field(
+        default=None, description="When the conversation is summarized (docs/compaction.md)."
+    )
+
     def settings_dict(self) -> dict[str, Any] | None:
         """`modelSettings` as stored: the settings given, unset ones left out."""
         return self.modelSettings.model_dump(exclude_none=True) if self.modelSettings else None
+
+    def compaction_dict(self) -> dict[str, Any] | None:
+        """`compaction` as stored: the fields given, unset ones left out."""
+        return self.compaction.model_dump(exclude_none=True) if self.compaction else None
 
     @model_validator(mode="after")
     def _tool_choice_is_offered(self) -> Definition:
@@ -279,8 +338,8 @@ class CreateSession(Definition):
         min_length=1,
         max_length=100,
         description="Run this assistant's definition (model, instructions, modelSettings, tools,"
-        " approvalRequired); the fields given here override its own (modelSettings key by"
-        " key). 404 ASSISTANT_NOT_FOUND for none of yours.",
+        " approvalRequired, compaction); the fields given here override its own"
+        " (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours.",
     )
     assistantVersion: int | None = Field(
         default=None,
@@ -352,6 +411,9 @@ class Assistant(BaseModel):
     tools: list[str] | None = Field(description="null: all tools.")
     approvalRequired: list[str]
     metadata: dict[str, Any]
+    compaction: Compaction | None = Field(
+        default=None, description="Taken by its sessions unless they give their own."
+    )
     version: int = Field(description="1 at create; each PATCH writes the next.")
     createdAt: DateTime
     updatedAt: DateTime = Field(description="When this version was written.")
@@ -391,6 +453,12 @@ class ToolResultAccepted(BaseModel):
     seq: int = Field(description="The seq of the `client_tool_result` event.")
     duplicate: bool = Field(description="The same result was posted before: nothing written.")
     status: Status
+
+
+class CompactionAccepted(BaseModel):
+    id: Uuid
+    seq: int = Field(description="The seq of the `compaction_requested` event.")
+    status: Status = Field(description="`queued` for a session that was waiting or finished.")
 
 
 class ApprovalAccepted(BaseModel):
@@ -516,6 +584,11 @@ class Session(BaseModel):
         default=None,
         exclude_if=lambda v: v is None,
         description="The tools its client declared (absent: none).",
+    )
+    compaction: Compaction | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="When and how its conversation is compacted (absent: never).",
     )
 
 

@@ -37,7 +37,7 @@ SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id
@@ -76,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -151,7 +151,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction
 
 ),
 owner_cursor AS (
@@ -174,14 +174,14 @@ SELECT * FROM s;
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
-                      assistant_version, client_tools)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                      assistant_version, client_tools, compaction)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -193,7 +193,7 @@ ORDER BY updated_at LIMIT %(limit)s;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v
@@ -206,7 +206,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -216,16 +216,16 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
-                                metadata)
+                                metadata, compaction)
 VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s);
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s);
 
 -- name: list_sessions
 SELECT
@@ -233,7 +233,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -279,7 +279,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -342,7 +342,7 @@ SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS paylo
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
                     approval_required = %(approval_required)s,
-                    client_tools = %(client_tools)s,
+                    client_tools = %(client_tools)s, compaction = %(compaction)s,
                     assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                     updated_at = clock_timestamp()
 WHERE id = %(id)s RETURNING
@@ -350,7 +350,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -359,7 +359,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -368,7 +368,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction;
 
 -- name: run_write
 WITH bumped AS (
@@ -493,7 +493,7 @@ SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended)
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
@@ -511,7 +511,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -526,7 +526,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -541,7 +541,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -556,7 +556,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -571,7 +571,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -586,7 +586,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -601,7 +601,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -616,7 +616,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -631,7 +631,7 @@ SELECT
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools
+    assistant_version, client_tools, compaction
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -668,7 +668,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction
 
 ),
 owner_cursor AS (
@@ -696,7 +696,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction
 
 ),
 owner_cursor AS (
@@ -726,7 +726,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction
 
 ),
 owner_cursor AS (
@@ -751,7 +751,7 @@ WITH s AS (
     UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s, title = %(title)s,
-                        client_tools = %(client_tools)s,
+                        client_tools = %(client_tools)s, compaction = %(compaction)s,
                         assistant_id = %(assistant_id)s,
                         assistant_version = %(assistant_version)s, prompt = %(text)s,
                         status = 'queued', error = NULL, cancel_requested_at = NULL,
@@ -763,7 +763,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)

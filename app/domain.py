@@ -186,7 +186,29 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
     }
     if row.get("client_tools") is not None:  # shown only when declared: other sessions as before
         view["clientTools"] = row["client_tools"]
+    if row.get("forked_from_session_id") is not None:  # shown only on a fork, like clientTools
+        view["forkedFrom"] = {
+            "sessionId": str(row["forked_from_session_id"]),
+            "seq": row["forked_from_seq"],
+        }
     return view
+
+
+def fork_status(last_type: str, last_data: dict[str, Any], edited: bool) -> Status:
+    """What a fork starts as, from the last event of the history it copies: `idle` when that
+    history ends answered (a final answer, a run that succeeded), so no run starts until a
+    message; `queued` otherwise (an edited or unanswered message, a turn or tool call cut
+    short, a question), and its first run's resume planning does the rest: it repairs calls
+    left without a result, or settles without calling the model."""
+    if edited:
+        return Status.QUEUED
+    final_answer = (
+        last_type == SessionEventType.ASSISTANT_MESSAGE
+        and not last_data.get("toolCalls")
+        and last_data.get("stopReason") == "stop"
+    )
+    succeeded = last_type == SessionEventType.SESSION_END and last_data.get("status") == "succeeded"
+    return Status.IDLE if final_answer or succeeded else Status.QUEUED
 
 
 def assistant_view(row: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ class ProblemCode(StrEnum):
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     APPROVAL_NOT_PENDING = "APPROVAL_NOT_PENDING"
     CLIENT_TOOL_NOT_PENDING = "CLIENT_TOOL_NOT_PENDING"
+    FORK_SEQ_OUT_OF_RANGE = "FORK_SEQ_OUT_OF_RANGE"
+    FORK_NOT_USER_MESSAGE = "FORK_NOT_USER_MESSAGE"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
@@ -102,6 +104,27 @@ class ApprovalNotPending(FerrymanError):
 
 class ClientToolNotPending(FerrymanError):
     status, code, title = 409, ProblemCode.CLIENT_TOOL_NOT_PENDING, "Conflict"
+
+
+class ForkSeqOutOfRange(FerrymanError):
+    status, code, title = 422, ProblemCode.FORK_SEQ_OUT_OF_RANGE, "Unprocessable Content"
+
+    def __init__(self, at_seq: int, last_seq: int) -> None:
+        detail = f"atSeq {at_seq} is past the session's last committed event ({last_seq})"
+        errors = [{"field": "atSeq", "message": detail, "type": "out_of_range"}]
+        super().__init__(detail, lastSeq=last_seq, errors=errors)
+
+
+class ForkNotUserMessage(FerrymanError):
+    status, code, title = 422, ProblemCode.FORK_NOT_USER_MESSAGE, "Unprocessable Content"
+
+    def __init__(self, at_seq: int, event_type: str) -> None:
+        detail = (
+            f"a fork with a message replaces a user message, and event {at_seq} is a"
+            f" {event_type}: fork at the seq of a user_message"
+        )
+        errors = [{"field": "atSeq", "message": detail, "type": "not_a_user_message"}]
+        super().__init__(detail, eventType=event_type, errors=errors)
 
 
 class InvalidCursor(FerrymanError):

@@ -251,6 +251,14 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         "A result for a call that is not waiting for the client's result (unknown, not a"
         " client tool's, answered with another result, or a finished session).",
     ),
+    ProblemCode.FORK_SEQ_OUT_OF_RANGE: (
+        422,
+        "A fork's `atSeq` past the parent's last committed event (`lastSeq` says which that is).",
+    ),
+    ProblemCode.FORK_NOT_USER_MESSAGE: (
+        422,
+        "A fork with a `message` at a seq that is not a `user_message` (`eventType` says what).",
+    ),
     ProblemCode.PAYLOAD_TOO_LARGE: (413, "The body is over `FERRYMAN_MAX_BODY_BYTES`."),
     ProblemCode.UNSUPPORTED_MEDIA_TYPE: (415, "A body not sent as `application/json`."),
     ProblemCode.HOST_NOT_ALLOWED: (

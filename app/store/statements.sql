@@ -76,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.forked_from_session_id, s.forked_from_seq
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -151,13 +151,44 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, forked_from_session_id, forked_from_seq;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
 WHERE deleted_at IS NULL AND metadata @> '{"stateless": true, "on_completion": "delete"}'::jsonb
   AND status NOT IN ('queued', 'running') AND updated_at < clock_timestamp() - %(grace)s
 ORDER BY updated_at LIMIT %(limit)s;
+
+-- name: fork_event_at
+SELECT type, data FROM session_events WHERE session_id = %s AND seq = %s;
+
+-- name: fork_session
+WITH forked AS (
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
+                          instructions, model_settings, approval_required, assistant_id,
+                          assistant_version, client_tools, last_seq, delivered_seq,
+                          forked_from_session_id, forked_from_seq)
+    SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
+           coalesce(%(prompt)s, p.prompt), p.script, p.tools, p.metadata, p.instructions,
+           p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
+           p.client_tools, %(copy)s, least(p.delivered_seq, %(copy)s), p.id, %(at)s
+    FROM sessions p WHERE p.id = %(parent)s
+    RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version, client_tools, forked_from_session_id, forked_from_seq
+
+), copied AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
+    SELECT f.id, e.seq, 0, e.type, e.data, e.created_at
+    FROM session_events e CROSS JOIN forked f
+    WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
+    ORDER BY e.seq
+    RETURNING seq
+)
+SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f;
 
 -- name: get_assistant
 SELECT
@@ -176,7 +207,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -186,7 +217,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -203,7 +234,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -249,7 +280,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, forked_from_session_id, forked_from_seq;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -320,7 +351,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, forked_from_session_id, forked_from_seq;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -329,7 +360,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, forked_from_session_id, forked_from_seq;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -338,7 +369,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, forked_from_session_id, forked_from_seq;
 
 -- name: run_write
 WITH bumped AS (
@@ -481,7 +512,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -496,7 +527,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -511,7 +542,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -526,7 +557,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -541,7 +572,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -556,7 +587,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -571,7 +602,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -586,7 +617,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -601,7 +632,7 @@ SELECT
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools
+    assistant_version, client_tools, forked_from_session_id, forked_from_seq
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -638,7 +669,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -666,7 +697,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -696,7 +727,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -733,7 +764,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, forked_from_session_id, forked_from_seq
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)

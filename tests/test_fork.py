@@ -9,7 +9,9 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 
+import ferryman as sdk
 from tests.support import (
     ServerProcess,
     StartWorker,
@@ -25,6 +27,7 @@ from tests.support import (
     wait_event,
     wait_for_status,
 )
+from tests.test_cli_client import Ferryman as Command
 
 DONE = {"succeeded"}
 
@@ -235,3 +238,35 @@ async def new_session_of_other_owner(api: ServerProcess, isolated_db: str) -> st
     _, other_key = create_owner_key(isolated_db)
     async with client(api.url, other_key) as http:
         return await new_session(http, "mine")
+
+
+async def test_the_sdks_and_the_command_fork(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    async with client(api.url, key) as http:
+        parent = await finished(http, "hello")
+    with sdk.Ferryman(api.url, api_key=key) as sync:
+        edited = sync.fork_session(parent, 1, message="sync edit", title="Sync")
+        assert edited.forked_from == sdk.ForkedFrom(session_id=parent, seq=1)
+        assert (edited.status, edited.title) == ("queued", "Sync")
+        with pytest.raises(sdk.UnprocessableEntityError) as refused:
+            sync.fork_session(parent, 99)
+        assert refused.value.code == "FORK_SEQ_OUT_OF_RANGE"
+        assert sync.raw.fork_session(parent, 3)["status"] == "idle"
+    async with sdk.AsyncFerryman(api.url, api_key=key) as async_client:
+        retried = await async_client.fork_session(parent, 1)
+        assert retried.forked_from is not None and retried.forked_from.seq == 1
+    cli = Command(api.url, key)
+    forked = await cli("sessions", "fork", parent, "--at-seq", "1", "--message", "cli edit")
+    assert forked.returncode == 0, forked
+    fork_id = forked.stdout.split()[0]
+    assert f"forked from {parent} at event 1 (queued)" in forked.stdout
+    async with client(api.url, key) as http:
+        for sid in (edited.id, retried.id, fork_id):
+            await wait_for_status(http, sid, DONE)
+        assert answers(await transcript(http, edited.id)) == ["You said: sync edit"]
+        assert answers(await transcript(http, retried.id)) == ["You said: hello"]
+        assert answers(await transcript(http, fork_id)) == ["You said: cli edit"]
+    shown = await cli("sessions", "show", fork_id)
+    assert f"from {parent} at event 1" in shown.stdout, shown

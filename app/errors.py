@@ -30,6 +30,7 @@ class ProblemCode(StrEnum):
     CLIENT_TOOL_NOT_PENDING = "CLIENT_TOOL_NOT_PENDING"
     FORK_SEQ_OUT_OF_RANGE = "FORK_SEQ_OUT_OF_RANGE"
     FORK_NOT_USER_MESSAGE = "FORK_NOT_USER_MESSAGE"
+    FORK_TOO_LONG = "FORK_TOO_LONG"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
@@ -113,6 +114,15 @@ class ForkSeqOutOfRange(FerrymanError):
         detail = f"atSeq {at_seq} is past the session's last committed event ({last_seq})"
         errors = [{"field": "atSeq", "message": detail, "type": "out_of_range"}]
         super().__init__(detail, lastSeq=last_seq, errors=errors)
+
+
+class ForkTooLong(FerrymanError):
+    status, code, title = 422, ProblemCode.FORK_TOO_LONG, "Unprocessable Content"
+
+    def __init__(self, at_seq: int, limit: int) -> None:
+        detail = f"atSeq {at_seq} would copy more than {limit} events (MAX_FORK_EVENTS)"
+        errors = [{"field": "atSeq", "message": detail, "type": "too_long"}]
+        super().__init__(detail, limit=limit, errors=errors)
 
 
 class ForkNotUserMessage(FerrymanError):

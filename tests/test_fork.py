@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 import ferryman as sdk
+from app.domain import MAX_FORK_EVENTS
 from tests.support import (
     ServerProcess,
     StartWorker,
@@ -208,6 +209,8 @@ async def test_bad_forks_are_refused(api: ServerProcess, isolated_db: str, key: 
     async with client(api.url, key) as http:
         parent = await new_session(http, "hello")  # no worker: stays queued, one event
         assert_problem(await fork(http, parent, atSeq=2), 422, "FORK_SEQ_OUT_OF_RANGE")
+        too_long = await fork(http, parent, atSeq=MAX_FORK_EVENTS + 1)
+        assert assert_problem(too_long, 422, "FORK_TOO_LONG")["limit"] == MAX_FORK_EVENTS
         for body in (
             {},
             {"atSeq": 0},

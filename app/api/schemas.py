@@ -480,7 +480,11 @@ class Problem(BaseModel):
     sessionStatus: Status = Field(
         default=Status.SUCCEEDED, description="With SESSION_ALREADY_TERMINAL: the status."
     )
-    limit: int = Field(default=0, description="With TOO_MANY_STREAMS: the streams allowed.")
+    limit: int = Field(
+        default=0,
+        description="With TOO_MANY_STREAMS: the streams allowed; with FORK_TOO_LONG, the"
+        " events a fork may copy.",
+    )
     lastSeq: int = Field(
         default=0, description="With FORK_SEQ_OUT_OF_RANGE: the parent's last committed seq."
     )

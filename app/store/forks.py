@@ -9,8 +9,15 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from app.db.pool import Connection
-from app.domain import OwnerEventType, SessionEventType, Status, fork_status, session_view
-from app.errors import ForkNotUserMessage, ForkSeqOutOfRange
+from app.domain import (
+    MAX_FORK_EVENTS,
+    OwnerEventType,
+    SessionEventType,
+    Status,
+    fork_status,
+    session_view,
+)
+from app.errors import ForkNotUserMessage, ForkSeqOutOfRange, ForkTooLong
 from app.store.events import append_owner_event, append_session_event
 from app.store.notify import WORK_KEY, notify
 from app.store.sessions import SESSION_COLUMNS, get_session, session_row
@@ -43,7 +50,6 @@ _FORK = statement(
         SELECT f.id, e.seq, 0, e.type, e.data, e.created_at
         FROM session_events e CROSS JOIN forked f
         WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
-        ORDER BY e.seq
         RETURNING seq
     )
     SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f
@@ -68,6 +74,8 @@ async def fork_session(
     queue it; the parent is read, never written. Only committed events are copied: `at_seq`
     past the parent's `last_seq` (read in this transaction) is ForkSeqOutOfRange."""
     parent = await get_session(conn, owner_id, parent_id)
+    if fork.at_seq > MAX_FORK_EVENTS:
+        raise ForkTooLong(fork.at_seq, MAX_FORK_EVENTS)
     if fork.at_seq > parent["last_seq"]:
         raise ForkSeqOutOfRange(fork.at_seq, parent["last_seq"])
     cur = await conn.execute(_EVENT_AT, (parent_id, fork.at_seq))

@@ -185,7 +185,6 @@ assistant_version, client_tools, forked_from_session_id, forked_from_seq
     SELECT f.id, e.seq, 0, e.type, e.data, e.created_at
     FROM session_events e CROSS JOIN forked f
     WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
-    ORDER BY e.seq
     RETURNING seq
 )
 SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f;

@@ -141,6 +141,58 @@ async def test_a_fork_without_an_edit_answers_only_what_is_left(
         assert answers(await transcript(http, retry["id"])) == ["You said: hello"]
 
 
+def put_note(text: str) -> dict[str, Any]:
+    return {"toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": text}}]}
+
+
+async def test_a_fork_has_the_notes_of_its_point(
+    api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    script = [put_note("one"), {"text": "Saved one."}, put_note("two"), {"text": "Saved two."}]
+    async with client(api.url, key) as http:
+        parent = await finished(http, "save", script=script)
+        posted = await http.post(f"/api/agent/{parent}/messages", json={"text": "again"})
+        at = posted.json()["message"]["seq"]
+        await wait_event(http, parent, lambda e: e["seq"] > at and e["type"] == "session_end")
+        first = of_type(await transcript(http, parent), "assistant_message")[1]
+        assert first["data"]["text"] == "Saved one."
+        early = await forked(http, parent, atSeq=first["seq"])
+        late = await forked(http, parent, atSeq=(await transcript(http, parent))[-1]["seq"])
+        edited = await forked(http, parent, atSeq=1, message="save nothing")
+
+    async def notes(sid: str) -> list[tuple[str, str]]:
+        rows = await query(isolated_db, "SELECT key, text FROM notes WHERE session_id = %s", (sid,))
+        return [(r["key"], r["text"]) for r in rows]
+
+    assert await notes(parent) == [("k", "two")]
+    assert await notes(early["id"]) == [("k", "one")]
+    assert await notes(late["id"]) == [("k", "two")]
+    assert await notes(edited["id"]) in ([], [("k", "one")])  # its own run may have saved
+
+
+async def test_a_fork_at_a_pending_approval_waits_for_its_own_decision(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    script = [put_note("kept"), {"text": "Saved."}]
+    async with client(api.url, key) as http:
+        parent = await new_session(http, "save", script=script, approvalRequired=["put_note"])
+        await wait_for_status(http, parent, {"waiting"})
+        request = of_type(await transcript(http, parent), "tool_approval_requested")[0]
+        child = await forked(http, parent, atSeq=request["seq"])
+        assert child["status"] == "queued"
+        await wait_for_status(http, child["id"], {"waiting"})
+        call_id = request["data"]["toolCallId"]
+        decided = await http.post(
+            f"/api/agent/{child['id']}/tool-calls/{call_id}/approval", json={"approved": True}
+        )
+        assert decided.status_code == 202, decided.text
+        await wait_for_status(http, child["id"], DONE)
+        assert answers(await transcript(http, child["id"]))[-1] == "Saved."
+        assert (await http.get(f"/api/agent/{parent}")).json()["status"] == "waiting"
+
+
 async def test_a_running_session_forks_as_far_as_it_has_written(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:

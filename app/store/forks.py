@@ -26,11 +26,15 @@ from app.store.statements import statement
 _EVENT_AT = statement(
     "fork_event_at", "SELECT type, data FROM session_events WHERE session_id = %s AND seq = %s"
 )
+# The built-in tool whose calls write a session's notes (app/agent/tools/builtin.py).
+PUT_NOTE = "put_note"
 # The session row copies the parent's definition (the columns a run reads to drive it); its
 # own run state (attempt, usage, lease, error) starts afresh. Copied events are attempt 0, from
 # before any run of the fork: a claim counts the runs since the last `session_end` by attempt,
 # and the parent's attempts are not the fork's. The epoch is the log's now (the column's
-# default): the rows are new rows of this log.
+# default): the rows are new rows of this log. The notes are as they stood at the fork's
+# point: the last successful `put_note` of each key in the copied history (the parent's notes
+# table has only their latest texts).
 _FORK = statement(
     "fork_session",
     f"""
@@ -51,6 +55,20 @@ _FORK = statement(
         FROM session_events e CROSS JOIN forked f
         WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
         RETURNING seq
+    ), noted AS (
+        INSERT INTO notes (session_id, key, text, attempt)
+        SELECT DISTINCT ON (c.data->'arguments'->>'key') f.id, c.data->'arguments'->>'key',
+               c.data->'arguments'->>'text', 0
+        FROM session_events c
+        JOIN session_events r ON r.session_id = c.session_id
+             AND r.type = '{SessionEventType.TOOL_RESULT}' AND r.seq <= %(copy)s
+             AND r.data->>'toolCallId' = c.data->>'toolCallId' AND r.data->>'isError' = 'false'
+        CROSS JOIN forked f
+        WHERE c.session_id = %(parent)s AND c.seq <= %(copy)s
+          AND c.type = '{SessionEventType.TOOL_CALL_START}' AND c.data->>'name' = '{PUT_NOTE}'
+          AND c.data->'arguments'->>'text' IS NOT NULL
+        ORDER BY c.data->'arguments'->>'key', r.seq DESC
+        RETURNING key
     )
     SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f
     """,

@@ -186,6 +186,20 @@ assistant_version, client_tools, forked_from_session_id, forked_from_seq
     FROM session_events e CROSS JOIN forked f
     WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
     RETURNING seq
+), noted AS (
+    INSERT INTO notes (session_id, key, text, attempt)
+    SELECT DISTINCT ON (c.data->'arguments'->>'key') f.id, c.data->'arguments'->>'key',
+           c.data->'arguments'->>'text', 0
+    FROM session_events c
+    JOIN session_events r ON r.session_id = c.session_id
+         AND r.type = 'tool_result' AND r.seq <= %(copy)s
+         AND r.data->>'toolCallId' = c.data->>'toolCallId' AND r.data->>'isError' = 'false'
+    CROSS JOIN forked f
+    WHERE c.session_id = %(parent)s AND c.seq <= %(copy)s
+      AND c.type = 'tool_call_start' AND c.data->>'name' = 'put_note'
+      AND c.data->'arguments'->>'text' IS NOT NULL
+    ORDER BY c.data->'arguments'->>'key', r.seq DESC
+    RETURNING key
 )
 SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f;
 

@@ -325,3 +325,25 @@ async def test_the_sdks_and_the_command_fork(
         assert answers(await transcript(http, fork_id)) == ["You said: cli edit"]
     shown = await cli("sessions", "show", fork_id)
     assert f"from {parent} at event 1" in shown.stdout, shown
+
+
+async def test_a_fork_of_a_stateless_thread_is_kept(api: ServerProcess, key: str) -> None:
+    """The marks that have a stateless Agent Protocol thread deleted once its run ends are
+    not copied: a fork is a session of its own."""
+    metadata = {"stateless": True, "on_completion": "delete", "team": "blue"}
+    async with client(api.url, key) as http:
+        parent = await new_session(http, "hello", metadata=metadata)
+        child = await forked(http, parent, atSeq=1)
+    assert child["metadata"] == {"team": "blue"}
+
+
+async def test_the_openapi_document_declares_the_fork(api: ServerProcess) -> None:
+    async with client(api.url) as http:
+        spec = (await http.get("/openapi.json")).json()
+    operation = spec["paths"]["/api/agent/{session_id}/fork"]["post"]
+    assert operation["operationId"] == "forkSession"
+    assert set(operation["responses"]) >= {"201", "400", "401", "403", "404", "413", "422", "503"}
+    session = spec["components"]["schemas"]["Session"]["properties"]
+    assert "forkedFrom" in session
+    codes = spec["components"]["schemas"]["ProblemCode"]["enum"]
+    assert {"FORK_SEQ_OUT_OF_RANGE", "FORK_NOT_USER_MESSAGE", "FORK_TOO_LONG"} <= set(codes)

@@ -22,6 +22,7 @@ from app.store.events import append_owner_event, append_session_event
 from app.store.notify import WORK_KEY, notify
 from app.store.sessions import SESSION_COLUMNS, get_session, session_row
 from app.store.statements import statement
+from app.store.threads import STATELESS_TO_DELETE
 
 _EVENT_AT = statement(
     "fork_event_at", "SELECT type, data FROM session_events WHERE session_id = %s AND seq = %s"
@@ -29,12 +30,13 @@ _EVENT_AT = statement(
 # The built-in tool whose calls write a session's notes (app/agent/tools/builtin.py).
 PUT_NOTE = "put_note"
 # The session row copies the parent's definition (the columns a run reads to drive it); its
-# own run state (attempt, usage, lease, error) starts afresh. Copied events are attempt 0, from
-# before any run of the fork: a claim counts the runs since the last `session_end` by attempt,
-# and the parent's attempts are not the fork's. The epoch is the log's now (the column's
-# default): the rows are new rows of this log. The notes are as they stood at the fork's
-# point: the last successful `put_note` of each key in the copied history (the parent's notes
-# table has only their latest texts).
+# own run state (attempt, usage, lease, error) starts afresh. Its metadata leaves out the marks
+# that have a stateless Agent Protocol thread deleted once its run ends: a fork is kept.
+# Copied events are attempt 0, from before any run of the fork: a claim counts the runs since
+# the last `session_end` by attempt, and the parent's attempts are not the fork's. The epoch
+# is the log's now (the column's default): the rows are new rows of this log. The notes are
+# as they stood at the fork's point: the last successful `put_note` of each key in the copied
+# history (the parent's notes table has only their latest texts).
 _FORK = statement(
     "fork_session",
     f"""
@@ -44,7 +46,8 @@ _FORK = statement(
                               assistant_version, client_tools, last_seq, delivered_seq,
                               forked_from_session_id, forked_from_seq)
         SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
-               coalesce(%(prompt)s, p.prompt), p.script, p.tools, p.metadata, p.instructions,
+               coalesce(%(prompt)s, p.prompt), p.script, p.tools,
+               p.metadata - '{{{",".join(STATELESS_TO_DELETE)}}}'::text[], p.instructions,
                p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
                p.client_tools, %(copy)s, least(p.delivered_seq, %(copy)s), p.id, %(at)s
         FROM sessions p WHERE p.id = %(parent)s

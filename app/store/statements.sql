@@ -169,7 +169,8 @@ WITH forked AS (
                           assistant_version, client_tools, last_seq, delivered_seq,
                           forked_from_session_id, forked_from_seq)
     SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
-           coalesce(%(prompt)s, p.prompt), p.script, p.tools, p.metadata, p.instructions,
+           coalesce(%(prompt)s, p.prompt), p.script, p.tools,
+           p.metadata - '{stateless,on_completion}'::text[], p.instructions,
            p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
            p.client_tools, %(copy)s, least(p.delivered_seq, %(copy)s), p.id, %(at)s
     FROM sessions p WHERE p.id = %(parent)s

@@ -107,13 +107,17 @@ class ClientToolNotPending(FerrymanError):
     status, code, title = 409, ProblemCode.CLIENT_TOOL_NOT_PENDING, "Conflict"
 
 
+def _at_seq_errors(detail: str, kind: str) -> list[dict[str, str]]:
+    """A fork's `atSeq` at fault, listed as a validation error's fields are."""
+    return [{"field": "atSeq", "message": detail, "type": kind}]
+
+
 class ForkSeqOutOfRange(FerrymanError):
     status, code, title = 422, ProblemCode.FORK_SEQ_OUT_OF_RANGE, "Unprocessable Content"
 
     def __init__(self, at_seq: int, last_seq: int) -> None:
         detail = f"atSeq {at_seq} is past the session's last committed event ({last_seq})"
-        errors = [{"field": "atSeq", "message": detail, "type": "out_of_range"}]
-        super().__init__(detail, lastSeq=last_seq, errors=errors)
+        super().__init__(detail, lastSeq=last_seq, errors=_at_seq_errors(detail, "out_of_range"))
 
 
 class ForkTooLong(FerrymanError):
@@ -121,8 +125,7 @@ class ForkTooLong(FerrymanError):
 
     def __init__(self, at_seq: int, limit: int) -> None:
         detail = f"atSeq {at_seq} would copy more than {limit} events (MAX_FORK_EVENTS)"
-        errors = [{"field": "atSeq", "message": detail, "type": "too_long"}]
-        super().__init__(detail, limit=limit, errors=errors)
+        super().__init__(detail, limit=limit, errors=_at_seq_errors(detail, "too_long"))
 
 
 class ForkNotUserMessage(FerrymanError):
@@ -133,7 +136,7 @@ class ForkNotUserMessage(FerrymanError):
             f"a fork with a message replaces a user message, and event {at_seq} is a"
             f" {event_type}: fork at the seq of a user_message"
         )
-        errors = [{"field": "atSeq", "message": detail, "type": "not_a_user_message"}]
+        errors = _at_seq_errors(detail, "not_a_user_message")
         super().__init__(detail, eventType=event_type, errors=errors)
 
 

@@ -36,7 +36,9 @@ PUT_NOTE = "put_note"
 # the last `session_end` by attempt, and the parent's attempts are not the fork's. The epoch
 # is the log's now (the column's default): the rows are new rows of this log. The notes are
 # as they stood at the fork's point: the last successful `put_note` of each key in the copied
-# history (the parent's notes table has only their latest texts).
+# history (the parent's notes table has only their latest texts). `copied` and `noted` run
+# though nothing reads them, as every data-modifying CTE does; the foreign keys are checked at
+# the statement's end, when the fork's row is there.
 _FORK = statement(
     "fork_session",
     f"""
@@ -57,7 +59,6 @@ _FORK = statement(
         SELECT f.id, e.seq, 0, e.type, e.data, e.created_at
         FROM session_events e CROSS JOIN forked f
         WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
-        RETURNING seq
     ), noted AS (
         INSERT INTO notes (session_id, key, text, attempt)
         SELECT DISTINCT ON (c.data->'arguments'->>'key') f.id, c.data->'arguments'->>'key',
@@ -71,9 +72,8 @@ _FORK = statement(
           AND c.type = '{SessionEventType.TOOL_CALL_START}' AND c.data->>'name' = '{PUT_NOTE}'
           AND c.data->'arguments'->>'text' IS NOT NULL
         ORDER BY c.data->'arguments'->>'key', r.seq DESC
-        RETURNING key
     )
-    SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f
+    SELECT * FROM forked
     """,
 )
 

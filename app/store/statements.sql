@@ -186,7 +186,6 @@ assistant_version, client_tools, forked_from_session_id, forked_from_seq
     SELECT f.id, e.seq, 0, e.type, e.data, e.created_at
     FROM session_events e CROSS JOIN forked f
     WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
-    RETURNING seq
 ), noted AS (
     INSERT INTO notes (session_id, key, text, attempt)
     SELECT DISTINCT ON (c.data->'arguments'->>'key') f.id, c.data->'arguments'->>'key',
@@ -200,9 +199,8 @@ assistant_version, client_tools, forked_from_session_id, forked_from_seq
       AND c.type = 'tool_call_start' AND c.data->>'name' = 'put_note'
       AND c.data->'arguments'->>'text' IS NOT NULL
     ORDER BY c.data->'arguments'->>'key', r.seq DESC
-    RETURNING key
 )
-SELECT (SELECT count(*) FROM copied) AS copied, f.* FROM forked f;
+SELECT * FROM forked;
 
 -- name: get_assistant
 SELECT

@@ -177,6 +177,7 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
     " `text`, in characters.",
     "MAX_TITLE_CHARS": "A session's `title`, in characters.",
+    "MAX_FORK_EVENTS": "Events a fork copies: its `atSeq` (docs/fork.md).",
     "MAX_METADATA_BYTES": "A session's `metadata` (and a scripted call's `arguments`), as"
     " compact JSON, in bytes.",
     "MAX_JSON_DEPTH": "Nesting of `metadata` and tool arguments, in levels.",
@@ -290,6 +291,18 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.SESSION_NOT_COMPACTABLE: (
         409,
         "`POST /compact` of a session that is idle (nothing to compact), failed or cancelled.",
+    ),
+    ProblemCode.FORK_SEQ_OUT_OF_RANGE: (
+        422,
+        "A fork's `atSeq` past the parent's last committed event (`lastSeq` says which that is).",
+    ),
+    ProblemCode.FORK_TOO_LONG: (
+        422,
+        "A fork's `atSeq` over `MAX_FORK_EVENTS`: the history it would copy is too long.",
+    ),
+    ProblemCode.FORK_NOT_USER_MESSAGE: (
+        422,
+        "A fork with a `message` at a seq that is not a `user_message` (`eventType` says what).",
     ),
     ProblemCode.PAYLOAD_TOO_LARGE: (413, "The body is over `FERRYMAN_MAX_BODY_BYTES`."),
     ProblemCode.UNSUPPORTED_MEDIA_TYPE: (415, "A body not sent as `application/json`."),

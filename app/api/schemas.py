@@ -437,6 +437,23 @@ class PostMessage(Request):
     text: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
 
 
+class ForkSession(Request):
+    atSeq: int = Field(
+        ge=1,
+        le=2**63 - 1,
+        description="The last event of the parent's log the fork keeps (a committed seq).",
+    )
+    message: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        description="Replaces the user message at `atSeq` (edit and regenerate).",
+    )
+    title: Title | None = Field(
+        default=None, description="The fork's title (default: the parent's)."
+    )
+
+
 class Approve(Request):
     approved: bool
     reason: Text | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE_CHARS)
@@ -531,7 +548,17 @@ class Problem(BaseModel):
     sessionStatus: Status = Field(
         default=Status.SUCCEEDED, description="With SESSION_ALREADY_TERMINAL: the status."
     )
-    limit: int = Field(default=0, description="With TOO_MANY_STREAMS: the streams allowed.")
+    limit: int = Field(
+        default=0,
+        description="With TOO_MANY_STREAMS: the streams allowed; with FORK_TOO_LONG, the"
+        " events a fork may copy.",
+    )
+    lastSeq: int = Field(
+        default=0, description="With FORK_SEQ_OUT_OF_RANGE: the parent's last committed seq."
+    )
+    eventType: str = Field(
+        default="", description="With FORK_NOT_USER_MESSAGE: the type of the event at `atSeq`."
+    )
 
 
 class SessionError(BaseModel):
@@ -547,6 +574,11 @@ class Lease(BaseModel):
     workerId: str
     pid: int | None
     expiresAt: DateTime | None
+
+
+class ForkedFrom(BaseModel):
+    sessionId: Uuid = Field(description="The session it was forked from.")
+    seq: int = Field(description="The parent's seq the fork was made at (its `atSeq`).")
 
 
 class Session(BaseModel):
@@ -589,6 +621,11 @@ class Session(BaseModel):
         default=None,
         exclude_if=lambda v: v is None,
         description="When and how its conversation is compacted (absent: never).",
+    )
+    forkedFrom: ForkedFrom | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="Where a fork's history came from (absent: not a fork).",
     )
 
 

@@ -42,7 +42,7 @@ SESSION_COLUMNS = """
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools, compaction
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 """
 
 

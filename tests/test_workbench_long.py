@@ -166,6 +166,11 @@ def test_edit_a_user_message_forks_and_opens_the_fork(bench: Bench) -> None:
     expect(tab.locator("#status")).to_have_text("succeeded")
     link = tab.locator("#forked-from-link")
     expect(link).to_have_text(f"forked from Edit me at #{at}")
+    # In the conversation, where the copied history ends: right after the edited message.
+    point = tab.locator("#chat .marker", has_text="Forked from")
+    expect(point).to_have_text(f"Forked from Edit me at #{at}: what follows is this session's own")
+    assert point.evaluate("m => m.previousElementSibling.dataset.seq") == str(at)
+    expect(point.locator("xpath=preceding-sibling::*[1]")).to_have_class("msg user")
     expect(tab.locator(f"#sessions li[data-id='{fork}'] .tag.fork")).to_be_visible()
     shown = http.get(f"/api/agent/{fork}").json()
     assert shown["forkedFrom"] == {"sessionId": parent, "seq": at}
@@ -178,6 +183,7 @@ def test_edit_a_user_message_forks_and_opens_the_fork(bench: Bench) -> None:
     expect(tab).to_have_url(f"{bench.url}/#{parent}")
     expect(tab.locator("#title")).to_have_text("Edit me")
     expect(tab.locator("#forked-from")).to_be_hidden()
+    expect(tab.locator("#chat .marker", has_text="Forked from")).to_have_count(0)
     expect(answers).to_have_text(["You said: first", "You said: second"])
 
 

@@ -408,7 +408,10 @@ function renderLineage(s) {
   const box = $('forked-from');
   const from = s?.forkedFrom;
   show(box, Boolean(from));
-  if (!from) return box.replaceChildren();
+  if (!from) {
+    chat.setForkPoint(null);
+    return box.replaceChildren();
+  }
   const parentId = from.sessionId;
   const title = state.owner?.sessions.get(parentId)?.title ?? parentTitles.get(parentId);
   if (title === undefined) {
@@ -419,10 +422,12 @@ function renderLineage(s) {
     ).finally(() => { if (state.session?.forkedFrom?.sessionId === parentId) renderLineage(state.session); });
   }
   const at = ` at #${from.seq}`;
+  const name = title || parentId.slice(0, 8);
   box.replaceChildren(title === ''
     ? `forked from a deleted session${at}`
-    : h('a', {href: `#${parentId}`, id: 'forked-from-link', title: parentId},
-      `forked from ${title || parentId.slice(0, 8)}${at}`));
+    : h('a', {href: `#${parentId}`, id: 'forked-from-link', title: parentId}, `forked from ${name}${at}`));
+  const text = `Forked from ${title === '' ? 'a deleted session' : name}${at}: what follows is this session's own`;
+  chat.setForkPoint({seq: from.seq, text});
 }
 
 // The assistant a session was created from, and the version it keeps: opens it.

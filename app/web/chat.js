@@ -15,9 +15,12 @@ export class ChatView {
     this.editing = null; // the key of the user message edited in place
     this.editText = null; // its text so far, kept across redraws
     this.last = null; // what was rendered last: an edit's start or end redraws it
+    this.forkPoint = null; // a fork's marker, {seq, text}: drawn after its copied history
   }
 
   reset() {
+    this.forkPoint = null;
+    this.last = null; // another conversation's items must never be drawn in the new one's keys
     this.drawn.clear();
     this.open.clear();
     this.editing = null;
@@ -31,11 +34,28 @@ export class ChatView {
     if (this.last) this.render(...this.last);
   }
 
+  setForkPoint(point) {
+    if (point?.seq === this.forkPoint?.seq && point?.text === this.forkPoint?.text) return;
+    this.forkPoint = point;
+    if (this.last) this.render(...this.last);
+  }
+
+  // A fork's history is its parent's log through `seq` (its seqs kept): the marker goes after
+  // the last item of it, or first while the stream has not reached it.
+  withForkPoint(items) {
+    const point = this.forkPoint;
+    if (!point) return items;
+    const marker = {kind: 'marker', key: 'fork-point', rev: point.text, seq: point.seq, tone: 'info', text: point.text, detail: ''};
+    const at = items.findLastIndex((item) => Number.isInteger(item.seq) && item.seq <= point.seq) + 1;
+    return [...items.slice(0, at), marker, ...items.slice(at)];
+  }
+
   render(conversation, {live}) {
     this.last = [conversation, {live}];
     const stick = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 80;
     // `ask_user` shows as its question, with the options to answer it, not as a tool card.
-    const items = conversation.view.filter((item) => !(item.kind === 'tool' && item.name === 'ask_user'));
+    const items = this.withForkPoint(
+      conversation.view.filter((item) => !(item.kind === 'tool' && item.name === 'ask_user')));
     const keep = new Set(items.map((item) => item.key));
     for (const [key, drawn] of this.drawn) {
       if (!keep.has(key)) { drawn.el.remove(); this.drawn.delete(key); }

@@ -123,7 +123,7 @@ export class Conversation {
     let call = this.calls.get(id);
     if (!call) {
       call = this.push({
-        kind: 'tool', key: `t${id}`, id, name: String(data.name ?? ''),
+        kind: 'tool', key: `t${id}`, id, seq: this.fold.lastSeq, name: String(data.name ?? ''),
         arguments: data.arguments ?? {}, status: 'pending', result: null, cause: null,
         startedAt: null, endedAt: null,
       });

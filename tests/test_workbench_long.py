@@ -76,6 +76,9 @@ def test_a_compaction_shows_as_a_marker_with_its_summary_folded(bench: Bench) ->
     sid = sid["id"]
     open_session(tab, bench.url, sid)
     expect(tab.locator("#status")).to_have_text("succeeded")
+    expect(tab.locator("#details")).to_contain_text(
+        "Compactionpast 600 tokens · keeps the last 1 turn"
+    )
     compacted = of_type(events_of(http, sid), "session_compacted")
     assert compacted, "the script did not compact"
     markers = tab.locator("#chat details.compaction")

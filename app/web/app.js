@@ -383,6 +383,7 @@ function renderDetails(s, status) {
     const usage = s.usage || {};
     add('Usage', `${usage.inputTokens ?? 0} in · ${usage.outputTokens ?? 0} out · ${usage.cachedTokens ?? 0} cached`);
     add('Model', s.model);
+    if (s.compaction) add('Compaction', compactionText(s.compaction));
     if (s.assistant) add('Assistant', assistantButton(s.assistant));
     add('Created', h('time', {datetime: s.createdAt, text: when(s.createdAt)}));
     add('Updated', h('time', {datetime: s.updatedAt, text: when(s.updatedAt)}));
@@ -398,6 +399,13 @@ function renderDetails(s, status) {
     add('Id', h('code', {text: s.id}));
   }
   $('details').replaceChildren(...rows);
+}
+
+// When the session's conversation is summarized (docs/compaction.md), in a person's words.
+function compactionText(c) {
+  const kept = c.keepRecentTurns ?? 2;
+  return `past ${c.triggerTokens} tokens · keeps the last ${kept} turn${kept === 1 ? '' : 's'}`
+    + (c.model ? ` · by ${c.model}` : '');
 }
 
 // The titles of sessions forked from (by id): null while asked, '' for one that is gone.

@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     transcript_page_bytes: int = Field(default=4 * 1_048_576, ge=65_536)
     # A run-written event (model text, a tool result) is cut to this size, with a marker.
     max_event_bytes: int = Field(default=262_144, ge=4096)
+    # A tool result longer than this is shown to the model cut, with a marker (the log keeps
+    # it whole): one result must not fill the context window (docs/compaction.md).
+    model_tool_result_max_chars: int = Field(default=50_000, ge=1000)
 
     # Local mode answers only local pages: loopback Host names, and these extra ones (a name
     # in /etc/hosts that points to 127.0.0.1, say), comma-separated.

@@ -41,6 +41,9 @@ MAX_TOOLS = 64
 MAX_CLIENT_TOOLS = 64
 MAX_CLIENT_TOOLS_BYTES = 65_536
 MAX_INSTRUCTIONS_CHARS = 100_000
+# A compaction's `triggerTokens` at least, and `keepRecentTurns` at most (docs/compaction.md).
+MIN_COMPACTION_TRIGGER_TOKENS = 100
+MAX_KEEP_RECENT_TURNS = 1000
 MODEL_NAME_PATTERN = r"^(scripted|(openai|anthropic):[A-Za-z0-9._:/@-]{1,200})$"
 MODEL_NAME_RULE = (
     "must be `scripted`, `openai:<model>` or `anthropic:<model>`, where <model> is 1 to 200"
@@ -55,6 +58,9 @@ MAX_ASSISTANTS_PER_OWNER = 1_000
 MAX_ASSISTANT_VERSIONS = 1_000
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_TITLE_CHARS = 80
+# Events a fork copies (its `atSeq`): the copy is one statement, about 10 to 35 µs an event
+# (docs/performance.md), kept well inside FERRYMAN_DB_STATEMENT_TIMEOUT's default.
+MAX_FORK_EVENTS = 100_000
 # Owner ids: API keys are made for them, feeds are keyed by them (`o:<owner>` on the bus, where
 # `|` separates an ephemeral frame), so one format everywhere.
 OWNER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
@@ -123,6 +129,10 @@ class SessionEventType(StrEnum):
     CLIENT_TOOL_RESULT = "client_tool_result"
     SESSION_INTERRUPTED = "session_interrupted"
     SESSION_END = "session_end"
+    # A summary the model sees instead of the log through `throughSeq` (docs/compaction.md).
+    SESSION_COMPACTED = "session_compacted"
+    # `POST /compact`: the next run step compacts (the API's write; the run honours it).
+    COMPACTION_REQUESTED = "compaction_requested"
 
 
 class SessionErrorCode(StrEnum):
@@ -186,7 +196,31 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
     }
     if row.get("client_tools") is not None:  # shown only when declared: other sessions as before
         view["clientTools"] = row["client_tools"]
+    if row.get("compaction") is not None:
+        view["compaction"] = row["compaction"]
+    if row.get("forked_from_session_id") is not None:  # shown only on a fork, like clientTools
+        view["forkedFrom"] = {
+            "sessionId": str(row["forked_from_session_id"]),
+            "seq": row["forked_from_seq"],
+        }
     return view
+
+
+def fork_status(last_type: str, last_data: dict[str, Any], edited: bool) -> Status:
+    """What a fork starts as, from the last event of the history it copies: `idle` when that
+    history ends answered (a final answer, a run that succeeded), so no run starts until a
+    message; `queued` otherwise (an edited or unanswered message, a turn or tool call cut
+    short, a question), and its first run's resume planning does the rest: it repairs calls
+    left without a result, or settles without calling the model."""
+    if edited:
+        return Status.QUEUED
+    final_answer = (
+        last_type == SessionEventType.ASSISTANT_MESSAGE
+        and not last_data.get("toolCalls")
+        and last_data.get("stopReason") == "stop"
+    )
+    succeeded = last_type == SessionEventType.SESSION_END and last_data.get("status") == "succeeded"
+    return Status.IDLE if final_answer or succeeded else Status.QUEUED
 
 
 def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +236,7 @@ def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
         "tools": row["tools"],
         "approvalRequired": row["approval_required"] or [],
         "metadata": row["metadata"],
+        "compaction": row.get("compaction"),
         "version": row["version"],
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),

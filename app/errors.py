@@ -30,7 +30,11 @@ class ProblemCode(StrEnum):
     SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     APPROVAL_NOT_PENDING = "APPROVAL_NOT_PENDING"
+    SESSION_NOT_COMPACTABLE = "SESSION_NOT_COMPACTABLE"
     CLIENT_TOOL_NOT_PENDING = "CLIENT_TOOL_NOT_PENDING"
+    FORK_SEQ_OUT_OF_RANGE = "FORK_SEQ_OUT_OF_RANGE"
+    FORK_NOT_USER_MESSAGE = "FORK_NOT_USER_MESSAGE"
+    FORK_TOO_LONG = "FORK_TOO_LONG"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
@@ -103,8 +107,45 @@ class ApprovalNotPending(FerrymanError):
     status, code, title = 409, ProblemCode.APPROVAL_NOT_PENDING, "Conflict"
 
 
+class SessionNotCompactable(FerrymanError):
+    status, code, title = 409, ProblemCode.SESSION_NOT_COMPACTABLE, "Conflict"
+
+
 class ClientToolNotPending(FerrymanError):
     status, code, title = 409, ProblemCode.CLIENT_TOOL_NOT_PENDING, "Conflict"
+
+
+def _at_seq_errors(detail: str, kind: str) -> list[dict[str, str]]:
+    """A fork's `atSeq` at fault, listed as a validation error's fields are."""
+    return [{"field": "atSeq", "message": detail, "type": kind}]
+
+
+class ForkSeqOutOfRange(FerrymanError):
+    status, code, title = 422, ProblemCode.FORK_SEQ_OUT_OF_RANGE, "Unprocessable Content"
+
+    def __init__(self, at_seq: int, last_seq: int) -> None:
+        detail = f"atSeq {at_seq} is past the session's last committed event ({last_seq})"
+        super().__init__(detail, lastSeq=last_seq, errors=_at_seq_errors(detail, "out_of_range"))
+
+
+class ForkTooLong(FerrymanError):
+    status, code, title = 422, ProblemCode.FORK_TOO_LONG, "Unprocessable Content"
+
+    def __init__(self, at_seq: int, limit: int) -> None:
+        detail = f"atSeq {at_seq} would copy more than {limit} events (MAX_FORK_EVENTS)"
+        super().__init__(detail, limit=limit, errors=_at_seq_errors(detail, "too_long"))
+
+
+class ForkNotUserMessage(FerrymanError):
+    status, code, title = 422, ProblemCode.FORK_NOT_USER_MESSAGE, "Unprocessable Content"
+
+    def __init__(self, at_seq: int, event_type: str) -> None:
+        detail = (
+            f"a fork with a message replaces a user message, and event {at_seq} is a"
+            f" {event_type}: fork at the seq of a user_message"
+        )
+        errors = _at_seq_errors(detail, "not_a_user_message")
+        super().__init__(detail, eventType=event_type, errors=errors)
 
 
 class InvalidCursor(FerrymanError):

@@ -127,6 +127,8 @@ SETTINGS: dict[str, str] = {
     " this many bytes of events (at least one event).",
     "max_event_bytes": "Model text and tool output beyond this are cut, with a marker, before"
     " they are logged (a user message never is).",
+    "model_tool_result_max_chars": "A tool result longer than this is shown to the model cut,"
+    " with a marker; the log keeps it whole (docs/compaction.md).",
     "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
     "cors_origins": "Origins (`https://app.example.com`) whose browser pages may call the API"
     " (CORS), comma-separated; `*` for any. Keys travel in headers, never cookies.",
@@ -175,6 +177,7 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
     " `text`, in characters.",
     "MAX_TITLE_CHARS": "A session's `title`, in characters.",
+    "MAX_FORK_EVENTS": "Events a fork copies: its `atSeq` (docs/fork.md).",
     "MAX_METADATA_BYTES": "A session's `metadata` (and a scripted call's `arguments`), as"
     " compact JSON, in bytes.",
     "MAX_JSON_DEPTH": "Nesting of `metadata` and tool arguments, in levels.",
@@ -184,6 +187,7 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_CLIENT_TOOLS_BYTES": "A session's `clientTools` together, as compact JSON, in bytes.",
     "MAX_INSTRUCTIONS_CHARS": "A session's `instructions`, in characters.",
     "MAX_STOP_SEQUENCES": "Strings in `modelSettings.stop`.",
+    "MAX_KEEP_RECENT_TURNS": "The most `compaction.keepRecentTurns`.",
     "MAX_ASSISTANT_SEARCH_LIMIT": "Agent Protocol: `limit` of an assistants search and of an"
     " assistant's versions.",
     "MAX_ASSISTANT_SEARCH_OFFSET": "Agent Protocol: `offset` of an assistants search and of an"
@@ -283,6 +287,22 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         409,
         "A result for a call that is not waiting for the client's result (unknown, not a"
         " client tool's, answered with another result, or a finished session).",
+    ),
+    ProblemCode.SESSION_NOT_COMPACTABLE: (
+        409,
+        "`POST /compact` of a session that is idle (nothing to compact), failed or cancelled.",
+    ),
+    ProblemCode.FORK_SEQ_OUT_OF_RANGE: (
+        422,
+        "A fork's `atSeq` past the parent's last committed event (`lastSeq` says which that is).",
+    ),
+    ProblemCode.FORK_TOO_LONG: (
+        422,
+        "A fork's `atSeq` over `MAX_FORK_EVENTS`: the history it would copy is too long.",
+    ),
+    ProblemCode.FORK_NOT_USER_MESSAGE: (
+        422,
+        "A fork with a `message` at a seq that is not a `user_message` (`eventType` says what).",
     ),
     ProblemCode.PAYLOAD_TOO_LARGE: (413, "The body is over `FERRYMAN_MAX_BODY_BYTES`."),
     ProblemCode.UNSUPPORTED_MEDIA_TYPE: (415, "A body not sent as `application/json`."),

@@ -39,6 +39,7 @@ ASSISTANT_FIELDS = {
     "model",
     "instructions",
     "modelSettings",
+    "compaction",
     "tools",
     "approvalRequired",
     "metadata",

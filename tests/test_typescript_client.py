@@ -44,6 +44,7 @@ TESTS = {
         "sessions: create, list, get, rename, messages, transcript, cancel, delete",
         "approvals, tools and problems with fields",
         "assistants: create, list, get, update, versions, a session of one, delete",
+        "fork and edit, retry from a message, compact",
         "a wrong key and an unreachable server",
     ],
     "streams.test.mjs": [
@@ -73,6 +74,7 @@ TESTS = {
         "streamed text is replaced by the final message",
         "tool calls go through their states",
         "a delta of a turn that ended or was dropped is stale; the cursor holds a turn's chunks",
+        "a compaction is listed and every message before it kept",
     ],
     "sse.test.mjs": ["frames are the same whatever the cuts and line ends"],
 }

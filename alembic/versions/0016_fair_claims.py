@@ -17,7 +17,7 @@ Create Date: 2026-12-03
 from alembic import op
 
 revision = "0016"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

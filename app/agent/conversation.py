@@ -119,13 +119,42 @@ class ToolResult:
         return data
 
 
-Message = UserMessage | AssistantMessage | ToolResult
+@dataclass(frozen=True)
+class Summary:
+    """A compaction's summary (`session_compacted`): it stands for every message of the log
+    through `through_seq`. `turns`: the completed model turns it covers (the scripted model
+    counts them), set by `app.agent.compaction.model_view`."""
+
+    text: str
+    through_seq: int
+    turns: int = 0
+    seq: int = 0
+
+    def prompt_text(self) -> str:
+        """How a provider shows it: a user turn, so the tools and instructions stay as they
+        are and every provider accepts it first."""
+        return f"[Summary of the earlier conversation]\n{self.text}"
+
+
+def usage_from_wire(data: Mapping[str, Any] | None) -> Usage | None:
+    if not data:
+        return None
+    return Usage(
+        int(data.get("inputTokens", 0)),
+        int(data.get("outputTokens", 0)),
+        int(data.get("cachedTokens", 0)),
+    )
+
+
+Message = UserMessage | AssistantMessage | ToolResult | Summary
 
 
 def message_from_event(type_: str, data: Mapping[str, Any], seq: int = 0) -> Message | None:
     """The message an event contributes to the conversation, if any."""
     if type_ == SessionEventType.USER_MESSAGE:
         return UserMessage(text=str(data.get("text", "")), seq=seq)
+    if type_ == SessionEventType.SESSION_COMPACTED:
+        return Summary(str(data.get("summary", "")), int(data["throughSeq"]), seq=seq)
     if type_ == SessionEventType.ASSISTANT_MESSAGE:
         calls = tuple(
             ToolCall(
@@ -141,6 +170,7 @@ def message_from_event(type_: str, data: Mapping[str, Any], seq: int = 0) -> Mes
             tool_calls=calls,
             stop_reason=data.get("stopReason", "stop"),
             seq=seq,
+            usage=usage_from_wire(data.get("usage")),
         )
     if type_ == SessionEventType.TOOL_RESULT:
         return ToolResult(

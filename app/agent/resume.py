@@ -24,6 +24,7 @@ from app.agent.conversation import (
     INTERRUPTED_STOPS,
     AssistantMessage,
     Message,
+    Summary,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -136,7 +137,7 @@ def plan_resume(
         del messages[frames.pop()]
         stripped += 1
     if not any(isinstance(m, AssistantMessage) for m in messages):
-        users = tuple(m for m in messages if isinstance(m, UserMessage))
+        users = tuple(m for m in messages if isinstance(m, (UserMessage, Summary)))
         return ResumePlan("start", users, stripped=stripped)
     held = {
         call_id
@@ -178,9 +179,10 @@ def plan_resume(
 
 def completed_turns(conversation: Sequence[Message]) -> int:
     """Assistant messages all of whose tool calls have a result that is not `interrupted`:
-    the scripted model's turn index, so a crash replays the interrupted turn."""
+    the scripted model's turn index, so a crash replays the interrupted turn. A summary
+    counts the turns it stands for."""
     done = {m.tool_call_id for m in conversation if isinstance(m, ToolResult) and not m.interrupted}
-    return sum(
+    return sum(m.turns for m in conversation if isinstance(m, Summary)) + sum(
         1
         for m in conversation
         if isinstance(m, AssistantMessage) and all(c.id in done for c in m.tool_calls)

@@ -29,6 +29,7 @@ _ASSISTANT_FIELDS = {
     "tools": "tools",
     "approvalRequired": "approval_required",
     "metadata": "metadata",
+    "compaction": "compaction",
 }
 
 
@@ -84,6 +85,9 @@ async def resolve_session(
         assistant_version=None if pinned is None else pinned["version"],
         request=None if pinned is None else body.model_dump(mode="json", exclude_unset=True),
         client_tools=client_tools,
+        compaction=body.compaction_dict()
+        if body.compaction is not None
+        else base.get("compaction"),
     )
 
 
@@ -133,6 +137,7 @@ async def assistant_definition(
         tools=body.tools,
         approval_required=body.approvalRequired,
         metadata=body.metadata or {},
+        compaction=body.compaction_dict(),
     )
 
 
@@ -148,6 +153,8 @@ async def assistant_changes(
         changes["model_settings"] = body.settings_dict() or {}
     if "metadata" in body.model_fields_set:
         changes["metadata"] = body.metadata or {}
+    if "compaction" in body.model_fields_set:
+        changes["compaction"] = body.compaction_dict()
     merged = {**assistant_store.definition_of(latest), **changes}
     check_tool_choice(merged["model_settings"], merged["tools"])
     await check_tool_names(

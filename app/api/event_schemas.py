@@ -174,6 +174,24 @@ class SessionEndData(Data):
     note: str | None = None
 
 
+class SessionCompactedData(Data):
+    """From here on the model sees the session's instructions, this summary and the events
+    after `throughSeq` (docs/compaction.md). Nothing is deleted from the log."""
+
+    throughSeq: int = Field(description="The last seq the summary stands for.")
+    summary: str
+    tokensBefore: int = Field(description="The estimated tokens of the request before.")
+    tokensAfter: int = Field(description="The estimated tokens of the request after.")
+    model: str = Field(description="The model that wrote the summary.")
+    usage: UsageData | None = Field(
+        default=None, description="The summarizing call's own tokens (in the session's usage)."
+    )
+
+
+class CompactionRequestedData(Data):
+    """POST /api/agent/{id}/compact: the session compacts at its run's next step."""
+
+
 class MessageDeltaData(Data):
     text: str
 
@@ -233,6 +251,8 @@ _SESSION_DATA: dict[SessionEventType, type[Data]] = {
     SessionEventType.CLIENT_TOOL_RESULT: ClientToolResultData,
     SessionEventType.SESSION_INTERRUPTED: SessionInterruptedData,
     SessionEventType.SESSION_END: SessionEndData,
+    SessionEventType.SESSION_COMPACTED: SessionCompactedData,
+    SessionEventType.COMPACTION_REQUESTED: CompactionRequestedData,
 }
 
 

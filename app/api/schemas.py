@@ -26,6 +26,7 @@ from app.domain import (
     MAX_CLIENT_TOOLS_BYTES,
     MAX_INSTRUCTIONS_CHARS,
     MAX_JSON_DEPTH,
+    MAX_KEEP_RECENT_TURNS,
     MAX_MESSAGE_CHARS,
     MAX_METADATA_BYTES,
     MAX_PROMPT_CHARS,
@@ -33,6 +34,7 @@ from app.domain import (
     MAX_STOP_SEQUENCES,
     MAX_TITLE_CHARS,
     MAX_TOOLS,
+    MIN_COMPACTION_TRIGGER_TOKENS,
     MODEL_NAME_PATTERN,
     TOOL_NAME_PATTERN,
     SessionErrorCode,
@@ -125,6 +127,12 @@ class ScriptFault(Request):
     retryAfterMs: int | None = Field(default=None, ge=0, le=600_000)
 
 
+class ScriptUsage(Request):
+    inputTokens: int = Field(ge=0, le=100_000_000)
+    outputTokens: int = Field(default=0, ge=0, le=100_000_000)
+    cachedTokens: int = Field(default=0, ge=0, le=100_000_000)
+
+
 class ScriptTurn(Request):
     text: Text | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
     toolCalls: list[ScriptToolCall] | None = Field(default=None, max_length=32)
@@ -132,6 +140,14 @@ class ScriptTurn(Request):
     delayMs: int | None = Field(default=None, ge=0, le=600_000)
     chunks: int | None = Field(default=None, ge=1, le=10_000)
     fault: ScriptFault | None = None
+    summary: Text | None = Field(
+        default=None,
+        max_length=MAX_MESSAGE_CHARS,
+        description="The summary a compaction writes when this is the last turn it covers.",
+    )
+    usage: ScriptUsage | None = Field(
+        default=None, description="The usage the turn reports, as a provider would."
+    )
 
 
 StopSequence = Annotated[Text, Field(min_length=1, max_length=200)]
@@ -169,6 +185,41 @@ def tool_choice_problem(
     return None
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+class Compaction(Request):
+    """When the model's conversation is replaced by a summary (docs/compaction.md)."""
+
+    triggerTokens: int = Field(
+        ge=MIN_COMPACTION_TRIGGER_TOKENS,
+        le=100_000_000,
+        description="Compact before a model call whose request would pass this many tokens.",
+    )
+    keepRecentTurns: int | None = Field(
+        default=None,
+        exclude_if=_unset,
+        ge=0,
+        le=MAX_KEEP_RECENT_TURNS,
+        description="Model turns kept verbatim after the summary; unset: 2.",
+    )
+    model: str | None = Field(
+        default=None,
+        exclude_if=_unset,
+        pattern=MODEL_NAME_PATTERN,
+        max_length=220,
+        description="The model that writes the summary; unset: the session's own.",
+    )
+    instructions: Text | None = Field(
+        default=None,
+        exclude_if=_unset,
+        min_length=1,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="The summarizing model's instructions; unset: Ferryman's.",
+    )
+
+
 class Definition(Request):
     """The agent definition a session runs with, and an assistant stores."""
 
@@ -197,9 +248,17 @@ class Definition(Request):
         description="Tools whose every call waits for a person's approval in this session.",
     )
 
+    compaction: Compaction | None = Field(
+        default=None, description="When the conversation is summarized (docs/compaction.md)."
+    )
+
     def settings_dict(self) -> dict[str, Any] | None:
         """`modelSettings` as stored: the settings given, unset ones left out."""
         return self.modelSettings.model_dump(exclude_none=True) if self.modelSettings else None
+
+    def compaction_dict(self) -> dict[str, Any] | None:
+        """`compaction` as stored: the fields given, unset ones left out."""
+        return self.compaction.model_dump(exclude_none=True) if self.compaction else None
 
     @model_validator(mode="after")
     def _tool_choice_is_offered(self) -> Definition:
@@ -279,8 +338,8 @@ class CreateSession(Definition):
         min_length=1,
         max_length=100,
         description="Run this assistant's definition (model, instructions, modelSettings, tools,"
-        " approvalRequired); the fields given here override its own (modelSettings key by"
-        " key). 404 ASSISTANT_NOT_FOUND for none of yours.",
+        " approvalRequired, compaction); the fields given here override its own"
+        " (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours.",
     )
     assistantVersion: int | None = Field(
         default=None,
@@ -352,6 +411,9 @@ class Assistant(BaseModel):
     tools: list[str] | None = Field(description="null: all tools.")
     approvalRequired: list[str]
     metadata: dict[str, Any]
+    compaction: Compaction | None = Field(
+        default=None, description="Taken by its sessions unless they give their own."
+    )
     version: int = Field(description="1 at create; each PATCH writes the next.")
     createdAt: DateTime
     updatedAt: DateTime = Field(description="When this version was written.")
@@ -375,6 +437,23 @@ class PostMessage(Request):
     text: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
 
 
+class ForkSession(Request):
+    atSeq: int = Field(
+        ge=1,
+        le=2**63 - 1,
+        description="The last event of the parent's log the fork keeps (a committed seq).",
+    )
+    message: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        description="Replaces the user message at `atSeq` (edit and regenerate).",
+    )
+    title: Title | None = Field(
+        default=None, description="The fork's title (default: the parent's)."
+    )
+
+
 class Approve(Request):
     approved: bool
     reason: Text | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE_CHARS)
@@ -391,6 +470,12 @@ class ToolResultAccepted(BaseModel):
     seq: int = Field(description="The seq of the `client_tool_result` event.")
     duplicate: bool = Field(description="The same result was posted before: nothing written.")
     status: Status
+
+
+class CompactionAccepted(BaseModel):
+    id: Uuid
+    seq: int = Field(description="The seq of the `compaction_requested` event.")
+    status: Status = Field(description="`queued` for a session that was waiting or finished.")
 
 
 class ApprovalAccepted(BaseModel):
@@ -463,7 +548,17 @@ class Problem(BaseModel):
     sessionStatus: Status = Field(
         default=Status.SUCCEEDED, description="With SESSION_ALREADY_TERMINAL: the status."
     )
-    limit: int = Field(default=0, description="With TOO_MANY_STREAMS: the streams allowed.")
+    limit: int = Field(
+        default=0,
+        description="With TOO_MANY_STREAMS: the streams allowed; with FORK_TOO_LONG, the"
+        " events a fork may copy.",
+    )
+    lastSeq: int = Field(
+        default=0, description="With FORK_SEQ_OUT_OF_RANGE: the parent's last committed seq."
+    )
+    eventType: str = Field(
+        default="", description="With FORK_NOT_USER_MESSAGE: the type of the event at `atSeq`."
+    )
 
 
 class SessionError(BaseModel):
@@ -479,6 +574,11 @@ class Lease(BaseModel):
     workerId: str
     pid: int | None
     expiresAt: DateTime | None
+
+
+class ForkedFrom(BaseModel):
+    sessionId: Uuid = Field(description="The session it was forked from.")
+    seq: int = Field(description="The parent's seq the fork was made at (its `atSeq`).")
 
 
 class Session(BaseModel):
@@ -516,6 +616,16 @@ class Session(BaseModel):
         default=None,
         exclude_if=lambda v: v is None,
         description="The tools its client declared (absent: none).",
+    )
+    compaction: Compaction | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="When and how its conversation is compacted (absent: never).",
+    )
+    forkedFrom: ForkedFrom | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="Where a fork's history came from (absent: not a fork).",
     )
 
 

@@ -262,6 +262,23 @@ async def post_message(
 
 
 @router.post(
+    "/{session_id}/compact",
+    operation_id="compactSession",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=schemas.CompactionAccepted,
+    responses=problems(*SESSION_ERRORS, 409),
+)
+async def compact_session(session_id: SessionId, owner: Owner, db: DatabaseDep) -> dict[str, Any]:
+    """Ask for a compaction (docs/compaction.md): a running session compacts before its next
+    model call; a waiting or succeeded one is queued, compacts, and settles as it was. 409
+    SESSION_NOT_COMPACTABLE for an idle, failed or cancelled session."""
+    sid = parse_session_id(session_id)
+    async with db.transaction() as conn:
+        event, row = await session_store.request_compaction(conn, owner, sid)
+    return {"id": str(sid), "seq": event["seq"], "status": row["status"]}
+
+
+@router.post(
     "/{session_id}/tool-calls/{tool_call_id}/approval",
     operation_id="decideToolApproval",
     status_code=status.HTTP_202_ACCEPTED,

@@ -8,7 +8,7 @@ import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
@@ -22,9 +22,21 @@ from app.agent.approvals import (
     settle,
     settle_client,
 )
+from app.agent.compaction import (
+    DEFAULT_INSTRUCTIONS,
+    CompactionSettings,
+    choose_cut,
+    compact,
+    estimate_tokens,
+    model_view,
+    summary_prompt,
+    transcript,
+    trim_results,
+)
 from app.agent.conversation import (
     AssistantMessage,
     Message,
+    Summary,
     ToolCall,
     ToolResult,
     Usage,
@@ -41,6 +53,7 @@ from app.agent.models import (
     ModelSettings,
     Providers,
     RetryPolicy,
+    ToolSpec,
 )
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
@@ -93,6 +106,8 @@ class RunContext:
     deltas: DeltaHub
     # The worker's run writes, sent together.
     writes: RunWrites
+    # Tool results are shown to the model cut to this (FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS).
+    tool_result_max_chars: int = 50_000
 
 
 @dataclass
@@ -127,6 +142,12 @@ class Run:
     # The seq of the last event the run wrote (committed): a token delta says which event it
     # follows (`afterSeq`), so streams keep them in order.
     written_seq: int = 0
+    # Messages of the conversation written with the pending writes, by their event's index
+    # there: their seq is known once the write commits (`flush`), and a compaction's cut needs
+    # it (`throughSeq`).
+    unsequenced: list[tuple[int, Message]] = field(default_factory=list)
+    # A `compaction_requested` not honoured yet (POST /compact).
+    compaction_asked: bool = False
 
     @property
     def session_id(self) -> UUID:
@@ -168,11 +189,27 @@ class Run:
         """Make the pending writes (with other runs' of the worker, `RunWrites`)."""
         if not self.pending:
             return
-        self.written(await self.ctx.writes.send(Write(self.fence, self.session_id, self.pending)))
+        row = await self.ctx.writes.send(Write(self.fence, self.session_id, self.pending))
+        if row is not None and row["seq"] is not None:
+            self.sequence(int(row["seq"]) - len(self.pending.events) + 1)
+        self.written(row)
+
+    def sequence(self, first_seq: int) -> None:
+        """Give the conversation's messages just written the seqs of their events. (A message
+        written with a run's end that found a follow-up keeps seq 0: no cut passes it.)"""
+        stamped = {id(m): replace(m, seq=first_seq + i) for i, m in self.unsequenced}
+        if stamped:
+            self.conversation = [stamped.get(id(m), m) for m in self.conversation]
+
+    def defer_message(self, type_: str, message: Message, data: dict[str, Any]) -> None:
+        """Log a message of the conversation with the run's next write."""
+        self.unsequenced.append((len(self.pending.events), message))
+        self.defer(type_, data)
 
     def written(self, row: dict[str, Any] | None) -> None:
         """The pending writes are committed (`row`: their statement's, from `send_batch`)."""
         self.pending = Batch()
+        self.unsequenced = []
         if row is not None and row["seq"] is not None:
             self.written_seq = max(self.written_seq, int(row["seq"]))
 
@@ -221,6 +258,8 @@ class Run:
     async def execute(self) -> None:
         try:
             plan = await self.begin()
+            if self.compaction_asked:  # POST /compact on a waiting or finished session
+                await self.compact_with(self.row["model"], self.specs(), force=True)
             if plan.kind == "already-complete":
                 outcome = Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED
                 if await self.finish(outcome):
@@ -253,10 +292,11 @@ class Run:
                     started.add(str(row["data"]["toolCallId"]))
                 if row["type"] == SessionEventType.CLIENT_TOOL_CALL:
                     requested.add(str(row["data"]["toolCallId"]))
+                self.note_compaction(row["type"])
                 if row["type"] in _RUN_EVENTS:
                     last_run_event = row
             self.read_seq = int(rows[-1]["seq"])
-        history = undelivered_last(messages, self.row["delivered_seq"])
+        history = undelivered_last(model_view(messages), self.row["delivered_seq"])
         plan = plan_resume(
             history,
             self.ctx.registry.turn_enders(),
@@ -277,7 +317,7 @@ class Run:
         # The run's start goes with its first write (before the model is first asked), unless
         # the claim logged it (a session's first).
         for repaired in plan.repairs:
-            self.defer(SessionEventType.TOOL_RESULT, repaired.wire())
+            self.defer_message(SessionEventType.TOOL_RESULT, repaired, repaired.wire())
         run_info = {
             "workerId": self.ctx.worker_id,
             "pid": self.ctx.pid,
@@ -328,12 +368,14 @@ class Run:
             ):
                 yield rows
 
-    async def loop(self, model: Model) -> None:
-        specs = (
+    def specs(self) -> tuple[ToolSpec, ...]:
+        return (
             *(tool.spec() for tool in self.tools.values()),
             *(tool.spec() for tool in self.client_tools.values()),
         )
-        instructions = self.row["instructions"]
+
+    async def loop(self, model: Model) -> None:
+        specs = self.specs()
         settings = ModelSettings.from_wire(self.row["model_settings"])
         while True:
             self.check()
@@ -344,15 +386,27 @@ class Run:
                 if self.awaiting or self.client_calls:
                     continue  # a follow-up, a decision or a result came in as the run was to wait
             delivered = self.read_seq
-            request = ModelRequest(tuple(self.conversation), specs, instructions, settings)
             await self.flush()  # what the model is told is durable before it is asked
+            await self.compact_if_due(specs)
             try:
                 reply = bounded_reply(
-                    await self.call_model(model, request), self.ctx.max_event_bytes
+                    await self.call_model(model, self.request(specs, settings)),
+                    self.ctx.max_event_bytes,
                 )
             except ModelFault as fault:
-                await self.fail(fault, delivered)
-                return
+                if fault.kind != "context_too_long" or not await self.compact_with(
+                    self.row["model"], specs, force=True
+                ):
+                    await self.fail(fault, delivered)
+                    return
+                try:  # once, on the compacted conversation; then the fault is the session's
+                    reply = bounded_reply(
+                        await self.call_model(model, self.request(specs, settings)),
+                        self.ctx.max_event_bytes,
+                    )
+                except ModelFault as again:
+                    await self.fail(again, delivered)
+                    return
             # Logged with what the reply leads to: its tool calls' start, or the run's end.
             self.log_reply(reply, delivered)
             self.count_tokens(reply.usage)
@@ -380,8 +434,100 @@ class Run:
             if ended:
                 return
 
+    def request(self, specs: tuple[ToolSpec, ...], settings: ModelSettings) -> ModelRequest:
+        """What the model is asked: the conversation (compacted, if it was), each tool result
+        cut to FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS, and every tool still offered."""
+        shown = trim_results(self.conversation, self.ctx.tool_result_max_chars)
+        return ModelRequest(tuple(shown), specs, self.row["instructions"], settings)
+
+    # --- compaction (docs/compaction.md) --------------------------------------------------
+
+    def compaction(self) -> CompactionSettings:
+        """The session's compaction, or the defaults (for POST /compact and a provider's
+        context-too-long answer, which compact any session)."""
+        configured = CompactionSettings.from_wire(self.row.get("compaction"))
+        return configured or CompactionSettings(trigger_tokens=0)
+
+    def note_compaction(self, type_: str) -> None:
+        if type_ == SessionEventType.COMPACTION_REQUESTED:
+            self.compaction_asked = True
+        elif type_ == SessionEventType.SESSION_COMPACTED:
+            self.compaction_asked = False
+
+    async def compact_if_due(self, specs: tuple[ToolSpec, ...]) -> None:
+        """Compact before a model call that was asked for one, or whose request would pass
+        the trigger."""
+        configured = CompactionSettings.from_wire(self.row.get("compaction"))
+        due = configured is not None and (
+            estimate_tokens(self.conversation, self.row["instructions"], specs)
+            > configured.trigger_tokens
+        )
+        if due or self.compaction_asked:
+            await self.compact_with(self.row["model"], specs, force=self.compaction_asked)
+
+    async def compact_with(
+        self, session_model: str, specs: tuple[ToolSpec, ...], *, force: bool
+    ) -> bool:
+        """One compaction: a model call writes the summary of the conversation's head, logged
+        as `session_compacted` in one fenced write (a crash before it leaves the previous
+        view whole: the next run compacts again). False when nothing could be cut or the
+        summary could not be had (the run goes on with the conversation as it was)."""
+        settings = self.compaction()
+        held = {c.id for c in (*self.awaiting, *self.client_calls)}
+        await self.flush()  # every message's seq known
+        self.compaction_asked = False
+        view = self.conversation
+        cut = choose_cut(view, settings.keep_recent_turns, held)
+        if cut is None:
+            log.info("nothing to compact", extra={"session": str(self.session_id), "forced": force})
+            return False
+        covered = tuple(view[:cut])
+        name = settings.model or session_model
+        instructions = self.row["instructions"]
+        # The transcript the summarizer reads is bounded by the trigger (or what it replaces).
+        budget = max(settings.trigger_tokens, 1000) * 4
+        request = ModelRequest(
+            (UserMessage(summary_prompt(transcript(covered, budget))),),
+            (),
+            settings.instructions or DEFAULT_INSTRUCTIONS,
+            compacting=covered,
+        )
+        try:
+            summarizer = self.ctx.providers.model(name, self.row["script"])
+            reply = await self.call_model(summarizer, request, streamed=False)
+        except ModelFault as fault:
+            log.warning(
+                "compaction failed (%s): going on uncompacted",
+                fault.kind,
+                extra={"session": str(self.session_id)},
+            )
+            return False
+        through = max(m.seq for m in covered if not isinstance(m, Summary))
+        after = compact(view, Summary(reply.text, through))
+        data: dict[str, Any] = {
+            "throughSeq": through,
+            "summary": reply.text,
+            "tokensBefore": estimate_tokens(view, instructions, specs),
+            "tokensAfter": estimate_tokens(after, instructions, specs),
+            "model": name,
+        }
+        if reply.usage is not None:
+            data["usage"] = reply.usage.wire()
+            usage = reply.usage
+            self.pending.count_tokens(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
+            self.count_tokens(usage, name)
+        await self.append(SessionEventType.SESSION_COMPACTED, data)
+        summary = after[0]
+        assert isinstance(summary, Summary)
+        self.conversation = [replace(summary, seq=self.written_seq), *after[1:]]
+        log.info(
+            "session compacted",
+            extra={"session": str(self.session_id), "throughSeq": through, "forced": force},
+        )
+        return True
+
     def log_reply(self, reply: AssistantMessage, delivered: int) -> None:
-        self.defer(SessionEventType.ASSISTANT_MESSAGE, reply.wire())
+        self.defer_message(SessionEventType.ASSISTANT_MESSAGE, reply, reply.wire())
         self.pending.deliver(delivered)
         if reply.usage is not None:
             usage = reply.usage
@@ -417,7 +563,7 @@ class Run:
             problem = argument_problem(call, tool)
             if problem is not None:
                 result = ToolResult(call.id, call.name, problem, is_error=True)
-                self.defer(SessionEventType.TOOL_RESULT, result.wire())
+                self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())
                 self.conversation.append(result)
                 continue
             self.defer(SessionEventType.CLIENT_TOOL_CALL, _call_data(call))
@@ -433,12 +579,12 @@ class Run:
             posted = result.tool_call_id in self.client_results
             # `client`: the client holds this result already (AG-UI does not send it back).
             wire = {**result.wire(), "client": True} if posted else result.wire()
-            self.defer(SessionEventType.TOOL_RESULT, wire)
+            self.defer_message(SessionEventType.TOOL_RESULT, result, wire)
             self.conversation.append(result)
         self.client_calls = list(still)
         settlement = settle(self.conversation, self.awaiting, self.approvals)
         for result in settlement.denied:
-            self.defer(SessionEventType.TOOL_RESULT, result.wire())
+            self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())
             self.conversation.append(result)
         asked = await self.run_calls(settlement.run)
         self.awaiting = list(settlement.pending)
@@ -477,14 +623,18 @@ class Run:
                 self.conversation.append(message)
             record_approval_event(self.approvals, row["type"], row["data"])
             record_client_result(self.client_results, row["type"], row["data"])
+            self.note_compaction(row["type"])
             self.read_seq = max(self.read_seq, int(row["seq"]))
 
-    async def call_model(self, model: Model, request: ModelRequest) -> AssistantMessage:
+    async def call_model(
+        self, model: Model, request: ModelRequest, *, streamed: bool = True
+    ) -> AssistantMessage:
         """One turn, retrying the provider's transient faults with backoff; each retry is
-        logged (`model_retry`) so clients drop the partial text they were shown."""
+        logged (`model_retry`) so clients drop the partial text they were shown. Not
+        `streamed` (a compaction's summary): its text goes to no client."""
         for retry in itertools.count(1):
             try:
-                return await self.stream_turn(model, request)
+                return await self.stream_turn(model, request, streamed)
             except ModelFault as fault:
                 if not fault.retryable or not self.ctx.retry.allows(retry):
                     raise
@@ -507,18 +657,21 @@ class Run:
                 await self.interruptible(asyncio.sleep(delay))
         raise AssertionError("unreachable")
 
-    async def stream_turn(self, model: Model, request: ModelRequest) -> AssistantMessage:
+    async def stream_turn(
+        self, model: Model, request: ModelRequest, shown: bool = True
+    ) -> AssistantMessage:
         streamed: list[str] = []
 
         async def on_delta(text: str) -> None:
             streamed.append(text)
-            self.ctx.deltas.add(self.session_id, self.row["owner_id"], text, self.written_seq)
+            if shown:
+                self.ctx.deltas.add(self.session_id, self.row["owner_id"], text, self.written_seq)
 
         try:
             return await self.interruptible(model.complete(request, on_delta))
         except RunAborted as aborted:
             await self.defer_deltas()
-            if aborted.reason == "cancelled":
+            if aborted.reason == "cancelled" and shown:
                 # Keep what the user already saw, marked aborted (resume planning drops it).
                 partial = AssistantMessage("".join(streamed), (), "aborted")
                 await self.append(SessionEventType.ASSISTANT_MESSAGE, partial.wire())
@@ -550,10 +703,10 @@ class Run:
         self.pending.deliver(delivered)
         await self.finish(Status.FAILED, error={"code": code, "message": message})
 
-    def count_tokens(self, usage: Usage | None) -> None:
+    def count_tokens(self, usage: Usage | None, model: str | None = None) -> None:
         if usage is None:
             return
-        model = self.row["model"]
+        model = model or self.row["model"]
         MODEL_TOKENS.labels(model, "input").inc(usage.input_tokens)
         MODEL_TOKENS.labels(model, "output").inc(usage.output_tokens)
         MODEL_TOKENS.labels(model, "cached").inc(usage.cached_tokens)
@@ -574,7 +727,7 @@ class Run:
                 self.defer(SessionEventType.TOOL_RESULT, cancelled.wire())  # with the run's end
             raise
         # Written with the next tool's start, or before the next model call.
-        self.defer(SessionEventType.TOOL_RESULT, result.wire())
+        self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())
         return result
 
     def interrupted_side_effects(self, plan: ResumePlan) -> set[tuple[str, str]]:
@@ -676,6 +829,7 @@ _RUN_EVENTS = frozenset(
         SessionEventType.MODEL_RETRY,
         SessionEventType.USER_QUESTION,
         SessionEventType.CLIENT_TOOL_CALL,
+        SessionEventType.SESSION_COMPACTED,
     }
 )
 

@@ -89,6 +89,7 @@ class Worker:
                 max_delay=settings.model_retry_max_delay,
             ),
             max_event_bytes=settings.max_event_bytes,
+            tool_result_max_chars=settings.model_tool_result_max_chars,
             read_page_bytes=settings.transcript_page_bytes,
             deltas=DeltaHub(self.delta_db, settings.delta_flush_interval),
             writes=RunWrites(self.db),

@@ -34,6 +34,7 @@ class AssistantDefinition:
     tools: list[str] | None = None
     approval_required: list[str] | None = None
     metadata: dict[str, Any] | None = None
+    compaction: dict[str, Any] | None = None
 
 
 # The fields of a definition, as `update` takes its changes.
@@ -42,7 +43,7 @@ DEFINITION_FIELDS = frozenset(AssistantDefinition.__dataclass_fields__)
 _VIEW_COLUMNS = """
     a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
     v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-    v.metadata
+    v.metadata, v.compaction
 """
 # `version %(version)s`: that version; NULL: the latest.
 _GET = statement(
@@ -86,9 +87,9 @@ _INSERT_VERSION = statement(
     """
     INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                     instructions, model_settings, tools, approval_required,
-                                    metadata)
+                                    metadata, compaction)
     VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-            %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s)
+            %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s)
     """,
 )
 _LOCK = statement(
@@ -262,6 +263,7 @@ async def _insert_version(
             "version": version,
             "model_settings": Jsonb(definition.model_settings or {}),
             "metadata": Jsonb(definition.metadata or {}),
+            "compaction": Jsonb(definition.compaction) if definition.compaction else None,
             "tools": Jsonb(definition.tools) if definition.tools is not None else None,
             "approval_required": Jsonb(definition.approval_required)
             if definition.approval_required is not None

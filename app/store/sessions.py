@@ -30,6 +30,7 @@ from app.errors import (
     ClientToolNotPending,
     IdempotencyKeyReused,
     SessionAlreadyTerminal,
+    SessionNotCompactable,
     SessionNotFound,
 )
 from app.store.events import append_owner_event, append_session_event, owner_event_ctes
@@ -41,7 +42,7 @@ SESSION_COLUMNS = """
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 """
 
 
@@ -60,8 +61,8 @@ _CREATE_SESSION = statement(
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
-                          assistant_version, client_tools)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                          assistant_version, client_tools, compaction)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     RETURNING {SESSION_COLUMNS}
     """,
 )
@@ -177,6 +178,8 @@ class NewSession:
     # The tools the session's client declared ({name, description, parameters}), which it
     # answers itself; None: none.
     client_tools: list[dict[str, Any]] | None = None
+    # `compaction {triggerTokens, ...}` as given (docs/compaction.md); None: never compacted.
+    compaction: dict[str, Any] | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -264,6 +267,7 @@ async def create_session(
             new.assistant_id,
             new.assistant_version,
             Jsonb(new.client_tools) if new.client_tools is not None else None,
+            Jsonb(new.compaction) if new.compaction is not None else None,
         ),
     )
     row = await cur.fetchone()
@@ -508,6 +512,30 @@ async def post_message(
     else:
         await notify(conn, inbox_key(session_id))
     return event, delivery
+
+
+# A compaction is asked of a session in these: a running or queued one takes it at its next
+# step, a waiting or succeeded one is queued for it (and settles as it was).
+COMPACTABLE = frozenset({Status.RUNNING, Status.QUEUED, Status.WAITING, Status.SUCCEEDED})
+
+
+async def request_compaction(
+    conn: Connection, owner_id: str, session_id: UUID
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Log `compaction_requested` (the worker honours it: docs/compaction.md) and queue a
+    session no run holds; (the event, the session row). SessionNotCompactable for an idle
+    (nothing to compact), failed or cancelled one (a run would take up its conversation)."""
+    row = await get_session(conn, owner_id, session_id, for_update=True)
+    status = Status(row["status"])
+    if status not in COMPACTABLE:
+        raise SessionNotCompactable(f"the session is {status}: nothing to compact for it")
+    event = await append_session_event(conn, session_id, SessionEventType.COMPACTION_REQUESTED, {})
+    if status in REQUEUEABLE:
+        row = await set_status(conn, row, Status.QUEUED)
+        await notify(conn, WORK_KEY)
+    else:
+        await notify(conn, inbox_key(session_id))
+    return event, row
 
 
 async def decide_approval(

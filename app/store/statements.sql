@@ -37,7 +37,7 @@ SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id
@@ -76,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -151,7 +151,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -174,14 +174,14 @@ SELECT * FROM s;
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
-                      assistant_version, client_tools)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                      assistant_version, client_tools, compaction)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -189,11 +189,54 @@ WHERE deleted_at IS NULL AND metadata @> '{"stateless": true, "on_completion": "
   AND status NOT IN ('queued', 'running') AND updated_at < clock_timestamp() - %(grace)s
 ORDER BY updated_at LIMIT %(limit)s;
 
+-- name: fork_event_at
+SELECT type, data FROM session_events WHERE session_id = %s AND seq = %s;
+
+-- name: fork_session
+WITH forked AS (
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
+                          instructions, model_settings, approval_required, assistant_id,
+                          assistant_version, client_tools, last_seq, delivered_seq,
+                          forked_from_session_id, forked_from_seq)
+    SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
+           coalesce(%(prompt)s, p.prompt), p.script, p.tools,
+           p.metadata - '{stateless,on_completion}'::text[], p.instructions,
+           p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
+           p.client_tools, %(copy)s, least(p.delivered_seq, %(copy)s), p.id, %(at)s
+    FROM sessions p WHERE p.id = %(parent)s
+    RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+
+), copied AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
+    SELECT f.id, e.seq, 0, e.type, e.data, e.created_at
+    FROM session_events e CROSS JOIN forked f
+    WHERE e.session_id = %(parent)s AND e.seq <= %(copy)s
+), noted AS (
+    INSERT INTO notes (session_id, key, text, attempt)
+    SELECT DISTINCT ON (c.data->'arguments'->>'key') f.id, c.data->'arguments'->>'key',
+           c.data->'arguments'->>'text', 0
+    FROM session_events c
+    JOIN session_events r ON r.session_id = c.session_id
+         AND r.type = 'tool_result' AND r.seq <= %(copy)s
+         AND r.data->>'toolCallId' = c.data->>'toolCallId' AND r.data->>'isError' = 'false'
+    CROSS JOIN forked f
+    WHERE c.session_id = %(parent)s AND c.seq <= %(copy)s
+      AND c.type = 'tool_call_start' AND c.data->>'name' = 'put_note'
+      AND c.data->'arguments'->>'text' IS NOT NULL
+    ORDER BY c.data->'arguments'->>'key', r.seq DESC
+)
+SELECT * FROM forked;
+
 -- name: get_assistant
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v
@@ -206,7 +249,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -216,16 +259,16 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
-                                metadata)
+                                metadata, compaction)
 VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s);
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s);
 
 -- name: list_sessions
 SELECT
@@ -233,7 +276,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -279,7 +322,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -342,7 +385,7 @@ SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS paylo
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
                     approval_required = %(approval_required)s,
-                    client_tools = %(client_tools)s,
+                    client_tools = %(client_tools)s, compaction = %(compaction)s,
                     assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                     updated_at = clock_timestamp()
 WHERE id = %(id)s RETURNING
@@ -350,7 +393,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -359,7 +402,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -368,7 +411,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
 
 -- name: run_write
 WITH bumped AS (
@@ -493,7 +536,7 @@ SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended)
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata
+v.metadata, v.compaction
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
@@ -511,7 +554,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -526,7 +569,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -541,7 +584,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -556,7 +599,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -571,7 +614,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -586,7 +629,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -601,7 +644,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -616,7 +659,7 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -631,7 +674,7 @@ SELECT
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -668,7 +711,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -696,7 +739,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -726,7 +769,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 
 ),
 owner_cursor AS (
@@ -751,7 +794,7 @@ WITH s AS (
     UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s, title = %(title)s,
-                        client_tools = %(client_tools)s,
+                        client_tools = %(client_tools)s, compaction = %(compaction)s,
                         assistant_id = %(assistant_id)s,
                         assistant_version = %(assistant_version)s, prompt = %(text)s,
                         status = 'queued', error = NULL, cancel_requested_at = NULL,
@@ -763,7 +806,7 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)

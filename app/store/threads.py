@@ -73,7 +73,7 @@ _START_FIRST_RUN = statement(
         UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                             instructions = %(instructions)s, model_settings = %(model_settings)s,
                             approval_required = %(approval_required)s, title = %(title)s,
-                            client_tools = %(client_tools)s,
+                            client_tools = %(client_tools)s, compaction = %(compaction)s,
                             assistant_id = %(assistant_id)s,
                             assistant_version = %(assistant_version)s, prompt = %(text)s,
                             status = '{Status.QUEUED}', error = NULL, cancel_requested_at = NULL,
@@ -96,7 +96,7 @@ _REDEFINE = statement(
     UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s,
-                        client_tools = %(client_tools)s,
+                        client_tools = %(client_tools)s, compaction = %(compaction)s,
                         assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                         updated_at = clock_timestamp()
     WHERE id = %(id)s RETURNING {SESSION_COLUMNS}
@@ -221,6 +221,7 @@ def _definition(new: NewSession) -> dict[str, Any]:
         "assistant_id": new.assistant_id,
         "assistant_version": new.assistant_version,
         "client_tools": Jsonb(new.client_tools) if new.client_tools is not None else None,
+        "compaction": Jsonb(new.compaction) if new.compaction is not None else None,
     }
 
 

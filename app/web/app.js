@@ -11,9 +11,12 @@ import {$, ago, h, json, show, when} from './dom.js';
 import {AuthenticationError, NotFoundError, OwnerSessionClient} from './ferryman-client.js';
 
 const PAGE_SIZE = 50;
+// What POST /compact takes (docs/compaction.md): idle, failed and cancelled sessions are 409.
+const COMPACTABLE = new Set(['queued', 'running', 'waiting', 'succeeded']);
 // Session events after which the session's details (attempt, lease, usage) have moved on.
 const DETAIL_EVENTS = new Set(['user_message', 'session_start', 'session_resumed', 'assistant_message',
-  'tool_call_start', 'tool_result', 'tool_approval_requested', 'tool_approval_decided', 'session_end']);
+  'tool_call_start', 'tool_result', 'tool_approval_requested', 'tool_approval_decided', 'session_end',
+  'session_compacted']);
 
 const state = {
   owner: null, // the list's OwnerSessionClient, its range the filters
@@ -33,6 +36,8 @@ const state = {
 const chat = new ChatView($('chat'), {
   approve: (callId, approved) => act(() => call((f) => f.decideToolCall(state.openId, callId, approved))),
   answer: (text) => act(() => call((f) => f.sendMessage(state.openId, text))),
+  edit: (seq, text) => fork({atSeq: seq, message: text}),
+  retry: (seq) => fork({atSeq: seq}),
   canAct: () => Boolean(state.openId),
 });
 const createForm = new CreateForm({onCreated: (session) => openSession(session.id, session)});
@@ -41,6 +46,15 @@ const assistantsView = new AssistantsView({names: assistantNames, onStart: (assi
   $('assistants-dialog').close();
   createForm.show(assistant.id);
 }});
+
+// Edit and retry (docs/fork.md): a new session from the open one's log, opened at once.
+function fork(body) {
+  const id = state.openId;
+  act(async () => {
+    const forked = await call((f) => f.forkSession(id, body));
+    if (state.openId === id) openSession(forked.id, forked);
+  });
+}
 
 // --- problems and connection ------------------------------------------------------------------
 
@@ -210,6 +224,7 @@ function renderList() {
     h('span', {class: 'row-title', text: s.title}),
     h('span', {class: 'row-meta'},
       h('span', {class: `badge status-${s.status}`, text: s.status}),
+      s.forkedFrom ? h('span', {class: 'tag fork', title: `Forked at #${s.forkedFrom.seq}`, text: 'fork'}) : null,
       s.resumes > 0 ? h('span', {
         class: 'resumes',
         title: 'Taken over from a worker that crashed, lost its lease or shut down',
@@ -350,6 +365,7 @@ function renderSession() {
   badge.textContent = status;
   badge.className = `badge status-${status}`;
   $('stage').textContent = s?.activeStage && status === 'running' ? `· ${s.activeStage}` : '';
+  renderLineage(s);
   renderDetails(s, status);
   renderActions(s, status);
 }
@@ -367,6 +383,7 @@ function renderDetails(s, status) {
     const usage = s.usage || {};
     add('Usage', `${usage.inputTokens ?? 0} in · ${usage.outputTokens ?? 0} out · ${usage.cachedTokens ?? 0} cached`);
     add('Model', s.model);
+    if (s.compaction) add('Compaction', compactionText(s.compaction));
     if (s.assistant) add('Assistant', assistantButton(s.assistant));
     add('Created', h('time', {datetime: s.createdAt, text: when(s.createdAt)}));
     add('Updated', h('time', {datetime: s.updatedAt, text: when(s.updatedAt)}));
@@ -384,6 +401,43 @@ function renderDetails(s, status) {
   $('details').replaceChildren(...rows);
 }
 
+// When the session's conversation is summarized (docs/compaction.md), in a person's words.
+function compactionText(c) {
+  const kept = c.keepRecentTurns ?? 2;
+  return `past ${c.triggerTokens} tokens · keeps the last ${kept} turn${kept === 1 ? '' : 's'}`
+    + (c.model ? ` · by ${c.model}` : '');
+}
+
+// The titles of sessions forked from (by id): null while asked, '' for one that is gone.
+const parentTitles = new Map();
+
+// A fork says where it came from: a link to the parent, at the seq it was forked at.
+function renderLineage(s) {
+  const box = $('forked-from');
+  const from = s?.forkedFrom;
+  show(box, Boolean(from));
+  if (!from) {
+    chat.setForkPoint(null);
+    return box.replaceChildren();
+  }
+  const parentId = from.sessionId;
+  const title = state.owner?.sessions.get(parentId)?.title ?? parentTitles.get(parentId);
+  if (title === undefined) {
+    parentTitles.set(parentId, null);
+    call((f) => f.getSession(parentId)).then(
+      (parent) => parentTitles.set(parentId, parent.title),
+      (error) => { if (error instanceof NotFoundError) parentTitles.set(parentId, ''); },
+    ).finally(() => { if (state.session?.forkedFrom?.sessionId === parentId) renderLineage(state.session); });
+  }
+  const at = ` at #${from.seq}`;
+  const name = title || parentId.slice(0, 8);
+  box.replaceChildren(title === ''
+    ? `forked from a deleted session${at}`
+    : h('a', {href: `#${parentId}`, id: 'forked-from-link', title: parentId}, `forked from ${name}${at}`));
+  const text = `Forked from ${title === '' ? 'a deleted session' : name}${at}: what follows is this session's own`;
+  chat.setForkPoint({seq: from.seq, text});
+}
+
 // The assistant a session was created from, and the version it keeps: opens it.
 function assistantButton(ref) {
   const button = h('button', {
@@ -398,6 +452,7 @@ function renderActions(s, status) {
   const terminal = TERMINAL.has(status);
   const cancel = $('cancel');
   show(cancel, !terminal);
+  show($('compact'), COMPACTABLE.has(status));
   cancel.disabled = Boolean(s?.cancelRequested);
   cancel.textContent = s?.cancelRequested ? 'Cancelling…' : 'Cancel';
   const send = $('send');
@@ -459,6 +514,10 @@ $('search').addEventListener('input', () => {
 $('cancel').addEventListener('click', () => {
   const id = state.openId;
   act(() => call((f) => (state.owner ? state.owner.cancel(id) : f.cancelSession(id))));
+});
+$('compact').addEventListener('click', () => {
+  const id = state.openId;
+  act(() => call((f) => f.compactSession(id)));
 });
 $('delete').addEventListener('click', () => {
   const button = $('delete');

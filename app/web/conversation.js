@@ -4,7 +4,7 @@
 // event once (a replay after a reconnect changes nothing, nor does a numbered token delta), keeps
 // streamed text as a draft until its turn ends, and says the status, the error, and each tool
 // call's state. This adds what a chat draws: `items`, the conversation in order with markers
-// for starts, resumes, retries and ends; every item has a stable `key` and a `rev` that grows
+// for starts, resumes, retries, compactions and ends; every item has a stable `key` and a `rev` that grows
 // each time the item changes, so a renderer redraws only what changed.
 
 import {SessionFold} from './ferryman-client.js';
@@ -55,6 +55,7 @@ export class Conversation {
     this.draftKey = null; // the streaming turn's item key, new for each turn
     this.draftRev = 0;
     this.rev = 0;
+    this.userSeq = null; // the latest user message's seq: where a retry of what follows forks
   }
 
   // Where the session stream goes on from (`<seq>.<chunk>` mid-turn).
@@ -122,7 +123,7 @@ export class Conversation {
     let call = this.calls.get(id);
     if (!call) {
       call = this.push({
-        kind: 'tool', key: `t${id}`, id, name: String(data.name ?? ''),
+        kind: 'tool', key: `t${id}`, id, seq: this.fold.lastSeq, name: String(data.name ?? ''),
         arguments: data.arguments ?? {}, status: 'pending', result: null, cause: null,
         startedAt: null, endedAt: null,
       });
@@ -152,6 +153,7 @@ export class Conversation {
     // A message instead of a decision denies the pending approvals: `tool_approval_decided`
     // events say so, and turn those cards `denied`.
     this.push({kind: 'user', key: `u${seq}`, seq, text: String(data.text ?? ''), delivery});
+    this.userSeq = seq;
   }
 
   started(seq, data) {
@@ -199,7 +201,7 @@ export class Conversation {
     if (text || stopReason === 'aborted') {
       this.push({
         kind: 'assistant', key: `a${seq}`, seq, text, stopReason, streaming: false,
-        usage: data.usage || null, toolCallIds: calls.map((c) => String(c.id)),
+        usage: data.usage || null, toolCallIds: calls.map((c) => String(c.id)), userSeq: this.userSeq,
       });
     }
     for (const call of calls) this.card({...call, toolCallId: call.id});
@@ -244,6 +246,16 @@ export class Conversation {
     this.marker(seq, 'warn', text);
   }
 
+  compactionRequested(seq) {
+    this.marker(seq, 'quiet', 'Compaction requested');
+  }
+
+  // Where the model's view of the conversation was cut: every event before it stays shown.
+  compacted(seq) {
+    const compaction = this.fold.compactions.at(-1);
+    this.push({kind: 'compaction', key: `c${seq}`, ...compaction});
+  }
+
   sessionEnd(seq, data) {
     const status = String(data.status || '');
     if (status === 'cancelled') {
@@ -280,4 +292,6 @@ const HANDLERS = {
   model_retry: Conversation.prototype.modelRetry,
   session_interrupted: Conversation.prototype.interrupted,
   session_end: Conversation.prototype.sessionEnd,
+  compaction_requested: Conversation.prototype.compactionRequested,
+  session_compacted: Conversation.prototype.compacted,
 };

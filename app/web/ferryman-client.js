@@ -470,6 +470,16 @@ var Ferryman = class {
     const path = `${sessionPath(sessionId)}/tool-calls/${segment(toolCallId)}/result`;
     return this.json({ method: "POST", path, body: { content, isError }, signal: options.signal });
   }
+  /** POST /api/agent/{id}/fork: 201 a new session whose history is this one's log through
+   * `atSeq`; with `message`, the user message at `atSeq` replaced (edit and regenerate). */
+  forkSession(sessionId, body, options = {}) {
+    return this.json({ method: "POST", path: `${sessionPath(sessionId)}/fork`, body, signal: options.signal });
+  }
+  /** POST /api/agent/{id}/compact: 202, a compaction at the next turn (a waiting or finished
+   * session is queued for it). 409 SESSION_NOT_COMPACTABLE is a ConflictError. */
+  compactSession(sessionId, options = {}) {
+    return this.json({ method: "POST", path: `${sessionPath(sessionId)}/compact`, signal: options.signal });
+  }
   /** GET /api/agent/{id}/transcript: events after seq `after`. */
   transcript(sessionId, params = {}, options = {}) {
     const query = { after: params.after ?? 0, limit: params.limit ?? 200 };
@@ -619,6 +629,7 @@ var SessionFold = class {
   // seq of the last event that ended or dropped a turn
   list = [];
   calls = /* @__PURE__ */ new Map();
+  summaries = [];
   constructor(options = {}) {
     this.status = options.status ?? null;
   }
@@ -632,6 +643,10 @@ var SessionFold = class {
   get messages() {
     return this.draft === null ? [...this.list] : [...this.list, message2("assistant", this.draft, null)];
   }
+  /** Each `session_compacted`, oldest first: the latest is what the model sees now. */
+  get compactions() {
+    return [...this.summaries];
+  }
   /** By id, in the order the model asked for them. */
   get toolCalls() {
     return new Map(this.calls);
@@ -644,7 +659,8 @@ var SessionFold = class {
       error: this.error,
       question: this.question,
       lastSeq: this.lastSeq,
-      draft: this.draft
+      draft: this.draft,
+      compactions: this.compactions
     };
   }
   /** Fold in one frame; whether the picture changed. Control frames and durable events
@@ -747,6 +763,16 @@ var SessionFold = class {
   turnDropped() {
     this.endTurn();
   }
+  compacted(data) {
+    this.summaries.push({
+      seq: this.lastSeq,
+      throughSeq: int(data.throughSeq),
+      summary: str(data.summary),
+      tokensBefore: int(data.tokensBefore),
+      tokensAfter: int(data.tokensAfter),
+      model: str(data.model)
+    });
+  }
   sessionEnd(data) {
     this.endTurn();
     if (data.status !== void 0) this.status = str(data.status);
@@ -766,7 +792,8 @@ var HANDLERS = {
   user_question: methods.userQuestion,
   model_retry: methods.turnDropped,
   session_interrupted: methods.turnDropped,
-  session_end: methods.sessionEnd
+  session_end: methods.sessionEnd,
+  session_compacted: methods.compacted
 };
 function parts(event) {
   if (event instanceof StreamEvent) {
@@ -784,6 +811,9 @@ function before(a, b) {
 }
 function str(value) {
   return value === void 0 || value === null ? "" : String(value);
+}
+function int(value) {
+  return Number.isInteger(value) ? value : 0;
 }
 function record(value) {
   return isRecord(value) ? { ...value } : {};

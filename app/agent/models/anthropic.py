@@ -14,6 +14,7 @@ from app.agent.conversation import (
     AssistantMessage,
     Message,
     StopReason,
+    Summary,
     ToolCall,
     ToolResult,
     Usage,
@@ -85,6 +86,8 @@ def to_anthropic_messages(conversation: tuple[Message, ...]) -> list[dict[str, A
     for message in model_visible(conversation):
         if isinstance(message, UserMessage):
             add("user", [{"type": "text", "text": message.text}])
+        elif isinstance(message, Summary):
+            add("user", [{"type": "text", "text": message.prompt_text()}])
         elif isinstance(message, ToolResult):
             block: dict[str, Any] = {
                 "type": "tool_result",

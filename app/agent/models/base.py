@@ -58,6 +58,9 @@ class ModelRequest:
     tools: tuple[ToolSpec, ...]
     instructions: str | None = None
     settings: ModelSettings = ModelSettings()
+    # For a compaction's call: the messages its summary replaces (the conversation is then
+    # their transcript, asked to be summarized). The scripted model answers from them.
+    compacting: tuple[Message, ...] = ()
 
 
 # Faults worth another try, and the word `model_retry.reason` uses for each.

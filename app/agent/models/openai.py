@@ -17,6 +17,7 @@ from app.agent.conversation import (
     AssistantMessage,
     Message,
     StopReason,
+    Summary,
     ToolCall,
     ToolResult,
     Usage,
@@ -67,6 +68,8 @@ def to_openai_messages(
     for message in model_visible(conversation):
         if isinstance(message, UserMessage):
             messages.append({"role": "user", "content": message.text})
+        elif isinstance(message, Summary):
+            messages.append({"role": "user", "content": message.prompt_text()})
         elif isinstance(message, ToolResult):
             messages.append(
                 {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}

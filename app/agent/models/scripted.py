@@ -6,7 +6,18 @@ import asyncio
 import uuid
 from typing import Any
 
-from app.agent.conversation import AssistantMessage, StopReason, ToolCall, last_user_text
+from app.agent.conversation import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    Summary,
+    ToolCall,
+    ToolResult,
+    Usage,
+    UserMessage,
+    last_user_text,
+    usage_from_wire,
+)
 from app.agent.models.base import DeltaSink, ModelFault, ModelRequest
 from app.agent.resume import completed_turns
 
@@ -39,7 +50,21 @@ class ScriptedModel:
         echo = {"text": f"You said: {last_user_text(request.conversation)}", "stopReason": "stop"}
         return index, echo
 
+    def summary_for(self, covered: tuple[Message, ...]) -> AssistantMessage:
+        """A compaction's summary: the `summary` of the last turn it covers when the script
+        gives one, else the user messages it covers, in order."""
+        turns = completed_turns(covered)
+        if 0 < turns <= len(self.script) and self.script[turns - 1].get("summary"):
+            text = str(self.script[turns - 1]["summary"])
+        else:
+            said = [m.text for m in covered if isinstance(m, (UserMessage, Summary))]
+            text = f"Summary of {turns} turns: " + " | ".join(said)
+        read = sum(len(m.text) for m in covered if not isinstance(m, ToolResult))
+        return AssistantMessage(text, (), "stop", usage=Usage(read // 4 + 1, len(text) // 4 + 1))
+
     async def complete(self, request: ModelRequest, on_delta: DeltaSink) -> AssistantMessage:
+        if request.compacting:
+            return self.summary_for(request.compacting)
         index, turn = self.turn_for(request)
         text = str(turn.get("text") or "")
         pieces = split_chunks(text, int(turn.get("chunks") or 1))
@@ -61,7 +86,8 @@ class ScriptedModel:
             for c in turn.get("toolCalls") or ()
         )
         stop: StopReason = turn.get("stopReason") or ("tool_use" if calls else "stop")
-        return AssistantMessage(text=text, tool_calls=calls, stop_reason=stop)
+        usage = usage_from_wire(turn.get("usage"))
+        return AssistantMessage(text=text, tool_calls=calls, stop_reason=stop, usage=usage)
 
     def raise_fault(self, index: int, fault: dict[str, Any] | None) -> None:
         """Fail the turn as a provider would, after its text streamed (a cut-off answer)."""

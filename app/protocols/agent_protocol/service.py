@@ -442,6 +442,7 @@ _DEFINITION_COLUMNS = {
     "assistant_id": "assistant_id",
     "assistant_version": "assistant_version",
     "client_tools": "client_tools",
+    "compaction": "compaction",
 }
 
 

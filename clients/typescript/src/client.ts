@@ -27,6 +27,9 @@ export type AssistantVersions = Schemas["AssistantVersions"];
 export type CreateAssistant = Schemas["CreateAssistant"];
 export type UpdateAssistant = Schemas["UpdateAssistant"];
 export type TranscriptEvent = Transcript["events"][number];
+export type ForkSession = Schemas["ForkSession"];
+export type ForkedFrom = Schemas["ForkedFrom"];
+export type CompactionAccepted = Schemas["CompactionAccepted"];
 
 export const DEFAULT_URL = "http://127.0.0.1:8000";
 export const OWNER_EVENTS = "/api/agent/owner-events";
@@ -167,6 +170,18 @@ export class Ferryman implements StreamTransport {
   postToolResult(sessionId: string, toolCallId: string, content: string, isError = false, options: RequestOptions = {}): Promise<ToolResultAccepted> {
     const path = `${sessionPath(sessionId)}/tool-calls/${segment(toolCallId)}/result`;
     return this.json({ method: "POST", path, body: { content, isError }, signal: options.signal });
+  }
+
+  /** POST /api/agent/{id}/fork: 201 a new session whose history is this one's log through
+   * `atSeq`; with `message`, the user message at `atSeq` replaced (edit and regenerate). */
+  forkSession(sessionId: string, body: ForkSession, options: RequestOptions = {}): Promise<Session> {
+    return this.json({ method: "POST", path: `${sessionPath(sessionId)}/fork`, body, signal: options.signal });
+  }
+
+  /** POST /api/agent/{id}/compact: 202, a compaction at the next turn (a waiting or finished
+   * session is queued for it). 409 SESSION_NOT_COMPACTABLE is a ConflictError. */
+  compactSession(sessionId: string, options: RequestOptions = {}): Promise<CompactionAccepted> {
+    return this.json({ method: "POST", path: `${sessionPath(sessionId)}/compact`, signal: options.signal });
   }
 
   /** GET /api/agent/{id}/transcript: events after seq `after`. */

@@ -50,6 +50,19 @@ export interface ToolCall {
   readonly interrupted: boolean;
 }
 
+/** A `session_compacted`: from `seq` on, the model sees `summary` instead of the messages
+ * through `throughSeq` (the fold keeps them all, as the log does). */
+export interface Compaction {
+  readonly seq: number;
+  readonly throughSeq: number;
+  readonly summary: string;
+  /** The request's estimated tokens before and after. */
+  readonly tokensBefore: number;
+  readonly tokensAfter: number;
+  /** The model that wrote the summary. */
+  readonly model: string;
+}
+
 /** What a fold shows, as one plain value. */
 export interface Conversation {
   readonly messages: readonly Message[];
@@ -59,6 +72,7 @@ export interface Conversation {
   readonly question: Record<string, unknown> | null;
   readonly lastSeq: number;
   readonly draft: string | null;
+  readonly compactions: readonly Compaction[];
 }
 
 /** A frame of a stream, or an event of a transcript page (the same envelope). */
@@ -90,6 +104,7 @@ export class SessionFold {
   private turnEnded = 0; // seq of the last event that ended or dropped a turn
   private readonly list: Message[] = [];
   private readonly calls = new Map<string, ToolCall>();
+  private readonly summaries: Compaction[] = [];
 
   constructor(options: { status?: string | null } = {}) {
     this.status = options.status ?? null;
@@ -107,6 +122,11 @@ export class SessionFold {
     return this.draft === null ? [...this.list] : [...this.list, message("assistant", this.draft, null)];
   }
 
+  /** Each `session_compacted`, oldest first: the latest is what the model sees now. */
+  get compactions(): Compaction[] {
+    return [...this.summaries];
+  }
+
   /** By id, in the order the model asked for them. */
   get toolCalls(): Map<string, ToolCall> {
     return new Map(this.calls);
@@ -121,6 +141,7 @@ export class SessionFold {
       question: this.question,
       lastSeq: this.lastSeq,
       draft: this.draft,
+      compactions: this.compactions,
     };
   }
 
@@ -241,6 +262,17 @@ export class SessionFold {
     this.endTurn();
   }
 
+  private compacted(data: Data): void {
+    this.summaries.push({
+      seq: this.lastSeq,
+      throughSeq: int(data.throughSeq),
+      summary: str(data.summary),
+      tokensBefore: int(data.tokensBefore),
+      tokensAfter: int(data.tokensAfter),
+      model: str(data.model),
+    });
+  }
+
   private sessionEnd(data: Data): void {
     this.endTurn();
     if (data.status !== undefined) this.status = str(data.status);
@@ -264,6 +296,7 @@ const HANDLERS: Record<string, Handler | undefined> = {
   model_retry: methods.turnDropped,
   session_interrupted: methods.turnDropped,
   session_end: methods.sessionEnd,
+  session_compacted: methods.compacted,
 };
 
 /** The type, seq (null for ephemeral and control frames), data and envelope of a frame. */
@@ -287,6 +320,10 @@ function before(a: [number, number], b: [number, number]): boolean {
 
 function str(value: unknown): string {
   return value === undefined || value === null ? "" : String(value);
+}
+
+function int(value: unknown): number {
+  return Number.isInteger(value) ? (value as number) : 0;
 }
 
 function record(value: unknown): Record<string, unknown> {

@@ -121,6 +121,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/agent/{session_id}/compact": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Compact Session
+         * @description Ask for a compaction (docs/compaction.md): a running session compacts before its next
+         *     model call; a waiting or succeeded one is queued, compacts, and settles as it was. 409
+         *     SESSION_NOT_COMPACTABLE for an idle, failed or cancelled session.
+         */
+        post: operations["compactSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/agent/{session_id}/tool-calls/{tool_call_id}/approval": {
         parameters: {
             query?: never;
@@ -182,6 +204,30 @@ export interface paths {
         get: operations["getTranscript"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/agent/{session_id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork Session
+         * @description A new session of the caller whose history is this session's log through `atSeq`
+         *     (committed events only: a running session forks as far as it has written). With
+         *     `message`, the user message at `atSeq` is replaced by it, and the fork answers it (edit
+         *     and regenerate). The fork is `queued` when something is left to answer, else `idle`
+         *     until a message; the session forked from is left as it is.
+         */
+        post: operations["forkSession"];
         delete?: never;
         options?: never;
         head?: never;
@@ -370,6 +416,8 @@ export interface components {
             metadata: {
                 [key: string]: unknown;
             };
+            /** @description Taken by its sessions unless they give their own. */
+            compaction?: components["schemas"]["Compaction"] | null;
             /** @description 1 at create; each PATCH writes the next. */
             version: number;
             /**
@@ -423,6 +471,29 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        /**
+         * Compaction
+         * @description When the model's conversation is replaced by a summary (docs/compaction.md).
+         */
+        Compaction: {
+            /** @description Compact before a model call whose request would pass this many tokens. */
+            triggerTokens: number;
+            /** @description Model turns kept verbatim after the summary; unset: 2. */
+            keepRecentTurns?: number;
+            /** @description The model that writes the summary; unset: the session's own. */
+            model?: string;
+            /** @description The summarizing model's instructions; unset: Ferryman's. */
+            instructions?: string;
+        };
+        /** CompactionAccepted */
+        CompactionAccepted: {
+            /** Format: uuid */
+            id: string;
+            /** @description The seq of the `compaction_requested` event. */
+            seq: number;
+            /** @description `queued` for a session that was waiting or finished. */
+            status: components["schemas"]["Status"];
+        };
         /** CreateAssistant */
         CreateAssistant: {
             /** @description `scripted`, `openai:<model>` or `anthropic:<model>`. */
@@ -434,6 +505,8 @@ export interface components {
             modelSettings?: components["schemas"]["ModelSettings"];
             /** @description Tools whose every call waits for a person's approval in this session. */
             approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
             name: string;
             description?: string;
             /** @description Yours to keep with the assistant: at most 16384 bytes. */
@@ -452,17 +525,38 @@ export interface components {
             modelSettings?: components["schemas"]["ModelSettings"];
             /** @description Tools whose every call waits for a person's approval in this session. */
             approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
             /** @description The opening message (seq 1). Unset: the session is created `idle`, with no run until its first message, which becomes its prompt. */
             prompt?: string;
             title?: string;
             script?: components["schemas"]["ScriptTurn"][];
             metadata?: components["schemas"]["Metadata"];
-            /** @description Run this assistant's definition (model, instructions, modelSettings, tools, approvalRequired); the fields given here override its own (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours. */
+            /** @description Run this assistant's definition (model, instructions, modelSettings, tools, approvalRequired, compaction); the fields given here override its own (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours. */
             assistantId?: string;
             /** @description The version of `assistantId` to pin; unset: its latest. */
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+        };
+        /** ForkSession */
+        ForkSession: {
+            /** @description The last event of the parent's log the fork keeps (a committed seq). */
+            atSeq: number;
+            /** @description Replaces the user message at `atSeq` (edit and regenerate). */
+            message?: string;
+            /** @description The fork's title (default: the parent's). */
+            title?: string;
+        };
+        /** ForkedFrom */
+        ForkedFrom: {
+            /**
+             * Format: uuid
+             * @description The session it was forked from.
+             */
+            sessionId: string;
+            /** @description The parent's seq the fork was made at (its `atSeq`). */
+            seq: number;
         };
         /** Health */
         Health: {
@@ -560,6 +654,18 @@ export interface components {
             delayMs?: number;
             chunks?: number;
             fault?: components["schemas"]["ScriptFault"];
+            /** @description The summary a compaction writes when this is the last turn it covers. */
+            summary?: string;
+            /** @description The usage the turn reports, as a provider would. */
+            usage?: components["schemas"]["ScriptUsage"];
+        };
+        /** ScriptUsage */
+        ScriptUsage: {
+            inputTokens: number;
+            /** @default 0 */
+            outputTokens: number;
+            /** @default 0 */
+            cachedTokens: number;
         };
         /** Session */
         Session: {
@@ -599,6 +705,10 @@ export interface components {
             usage: components["schemas"]["Usage"];
             /** @description The tools its client declared (absent: none). */
             clientTools?: components["schemas"]["ClientTool"][] | null;
+            /** @description When and how its conversation is compacted (absent: never). */
+            compaction?: components["schemas"]["Compaction"] | null;
+            /** @description Where a fork's history came from (absent: not a fork). */
+            forkedFrom?: components["schemas"]["ForkedFrom"] | null;
         };
         /** SessionList */
         SessionList: {
@@ -671,6 +781,8 @@ export interface components {
             modelSettings?: components["schemas"]["ModelSettings"];
             /** @description Tools whose every call waits for a person's approval in this session. */
             approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
             name?: string;
             description?: string;
             metadata?: {
@@ -708,8 +820,12 @@ export interface components {
             errors?: components["schemas"]["FieldError"][];
             /** @description With SESSION_ALREADY_TERMINAL: the status. */
             sessionStatus?: components["schemas"]["Status"];
-            /** @description With TOO_MANY_STREAMS: the streams allowed. */
+            /** @description With TOO_MANY_STREAMS: the streams allowed; with FORK_TOO_LONG, the events a fork may copy. */
             limit?: number;
+            /** @description With FORK_SEQ_OUT_OF_RANGE: the parent's last committed seq. */
+            lastSeq?: number;
+            /** @description With FORK_NOT_USER_MESSAGE: the type of the event at `atSeq`. */
+            eventType?: string;
         } & {
             [key: string]: unknown;
         };
@@ -719,7 +835,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "CLIENT_TOOL_NOT_PENDING" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -856,6 +972,36 @@ export interface components {
              */
             type: "client_tool_result";
             data: components["schemas"]["ClientToolResultData"];
+        };
+        /**
+         * CompactionRequestedData
+         * @description POST /api/agent/{id}/compact: the session compacts at its run's next step.
+         */
+        CompactionRequestedData: {
+            [key: string]: unknown;
+        };
+        /** CompactionRequestedEvent */
+        CompactionRequestedEvent: {
+            /** Format: uuid */
+            sessionId: string;
+            ownerId: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            ts: string;
+            phase: components["schemas"]["EventPhase"];
+            /** @description The event's id, also its SSE `id:`. */
+            id: string;
+            /** @description The session's event number: 1, 2, 3, ... with no gap. */
+            seq: number;
+            attempt: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "compaction_requested";
+            data: components["schemas"]["CompactionRequestedData"];
         };
         /**
          * EventPhase
@@ -1096,6 +1242,52 @@ export interface components {
             requestedAt: string;
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * SessionCompactedData
+         * @description From here on the model sees the session's instructions, this summary and the events
+         *     after `throughSeq` (docs/compaction.md). Nothing is deleted from the log.
+         */
+        SessionCompactedData: {
+            /** @description The last seq the summary stands for. */
+            throughSeq: number;
+            summary: string;
+            /** @description The estimated tokens of the request before. */
+            tokensBefore: number;
+            /** @description The estimated tokens of the request after. */
+            tokensAfter: number;
+            /** @description The model that wrote the summary. */
+            model: string;
+            /**
+             * @description The summarizing call's own tokens (in the session's usage).
+             * @default null
+             */
+            usage: components["schemas"]["UsageData"] | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** SessionCompactedEvent */
+        SessionCompactedEvent: {
+            /** Format: uuid */
+            sessionId: string;
+            ownerId: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            ts: string;
+            phase: components["schemas"]["EventPhase"];
+            /** @description The event's id, also its SSE `id:`. */
+            id: string;
+            /** @description The session's event number: 1, 2, 3, ... with no gap. */
+            seq: number;
+            attempt: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "session_compacted";
+            data: components["schemas"]["SessionCompactedData"];
         };
         /** SessionCreatedData */
         SessionCreatedData: {
@@ -1516,7 +1708,7 @@ export interface components {
             type: "user_question";
             data: components["schemas"]["UserQuestionData"];
         };
-        SessionEvent: components["schemas"]["UserMessageEvent"] | components["schemas"]["SessionStartEvent"] | components["schemas"]["SessionResumedEvent"] | components["schemas"]["AssistantMessageEvent"] | components["schemas"]["ToolCallStartEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["UserQuestionEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ToolApprovalRequestedEvent"] | components["schemas"]["ToolApprovalDecidedEvent"] | components["schemas"]["ClientToolCallEvent"] | components["schemas"]["ClientToolResultEvent"] | components["schemas"]["SessionInterruptedEvent"] | components["schemas"]["SessionEndEvent"];
+        SessionEvent: components["schemas"]["UserMessageEvent"] | components["schemas"]["SessionStartEvent"] | components["schemas"]["SessionResumedEvent"] | components["schemas"]["AssistantMessageEvent"] | components["schemas"]["ToolCallStartEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["UserQuestionEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ToolApprovalRequestedEvent"] | components["schemas"]["ToolApprovalDecidedEvent"] | components["schemas"]["ClientToolCallEvent"] | components["schemas"]["ClientToolResultEvent"] | components["schemas"]["SessionInterruptedEvent"] | components["schemas"]["SessionEndEvent"] | components["schemas"]["SessionCompactedEvent"] | components["schemas"]["CompactionRequestedEvent"];
         OwnerEvent: components["schemas"]["OwnerSessionCreatedEvent"] | components["schemas"]["OwnerSessionStatusEvent"] | components["schemas"]["OwnerSessionTitleEvent"] | components["schemas"]["OwnerSessionActiveStageEvent"] | components["schemas"]["OwnerSessionCancelRequestedEvent"] | components["schemas"]["OwnerSessionResumedEvent"] | components["schemas"]["OwnerSessionDeletedEvent"];
     };
     responses: never;
@@ -2309,6 +2501,83 @@ export interface operations {
             };
         };
     };
+    compactSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CompactionAccepted"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     decideToolApproval: {
         parameters: {
             query?: never;
@@ -2571,6 +2840,105 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    forkSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkSession"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Session"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -23,7 +23,7 @@ function caughtUp(cursor) {
 }
 
 const words = fc.string({ unit: fc.constantFrom("a", "b", "c", " "), maxLength: 4 });
-const STEPS = ["start", "turn", "tool", "approval", "crash", "end", "message", "question", "retry"];
+const STEPS = ["start", "turn", "tool", "approval", "crash", "end", "message", "question", "retry", "compact"];
 
 // A log as a list of steps, each drawing what it needs: fast-check shrinks it as a whole.
 const step = fc.record({
@@ -92,6 +92,9 @@ function build(first, steps) {
       case "question":
         add("user_question", { question: s.text });
         break;
+      case "compact":
+        add("session_compacted", { throughSeq: Math.max(1, seq - s.n), summary: s.text, tokensBefore: 900, tokensAfter: 100, model: "scripted" });
+        break;
       case "retry":
         stream(s.texts.length ? s.texts.slice(0, 2) : ["x"]);
         add("model_retry", { attempt: 1, delayMs: 10, reason: "server_error" });
@@ -156,7 +159,10 @@ test("a stream folds as its transcript", () => {
       const streamed = fold(frames);
       const logged = fold(durableOnly(frames).map((f) => f.event()));
       assert.deepEqual(streamed.messages.filter((m) => m.seq !== null), logged.messages);
-      assert.deepEqual([streamed.toolCalls, streamed.status, streamed.lastSeq], [logged.toolCalls, logged.status, logged.lastSeq]);
+      assert.deepEqual(
+        [streamed.toolCalls, streamed.status, streamed.lastSeq, streamed.compactions],
+        [logged.toolCalls, logged.status, logged.lastSeq, logged.compactions],
+      );
       if (frames.length && frames.at(-1).id !== null) assert.equal(streamed.draft, null);
     }),
     RUNS,
@@ -248,4 +254,21 @@ test("a delta of a turn that ended or was dropped is stale; the cursor holds a t
   folding.apply(durable(3, "assistant_message", { text: "Whole", stopReason: "stop" }));
   assert.equal(folding.apply(chunk(2, 2, " late")), false, "a chunk after its final message");
   assert.deepEqual([folding.draft, folding.cursor, folding.messages.map((m) => m.text)], [null, 3, ["Whole"]]);
+});
+
+test("a compaction is listed and every message before it kept", () => {
+  fc.assert(
+    fc.property(logs, words, fc.nat(), (frames, summary, x) => {
+      const before = fold(frames);
+      const through = 1 + (x % Math.max(1, before.lastSeq));
+      const data = { throughSeq: through, summary, tokensBefore: 1200, tokensAfter: 300, model: "scripted", usage: null };
+      const after = fold([...frames, durable(before.lastSeq + 1, "session_compacted", data)]);
+      // The fold keeps every message: the summary replaces them only in what the model sees.
+      assert.deepEqual(after.messages, before.messages);
+      assert.deepEqual([after.toolCalls, after.status, after.question, after.draft], [before.toolCalls, before.status, before.question, before.draft]);
+      const { usage, ...shown } = data;
+      assert.deepEqual(after.compactions, [...before.compactions, { seq: before.lastSeq + 1, ...shown }]);
+    }),
+    RUNS,
+  );
 });

@@ -10,6 +10,7 @@ import {
   FerrymanConnectionError,
   FerrymanError,
   NotFoundError,
+  SessionFold,
   UnprocessableEntityError,
 } from "../dist/index.js";
 import { KEY, SKIP, URL, direct, terminal, until } from "./harness.mjs";
@@ -104,6 +105,48 @@ test("assistants: create, list, get, update, versions, a session of one, delete"
   assert.equal((await terminal(client, session.id)).status, "succeeded");
   await client.deleteAssistant(assistant.id);
   await assert.rejects(client.getAssistant(assistant.id), (error) => error instanceof NotFoundError && error.code === "ASSISTANT_NOT_FOUND");
+});
+
+test("fork and edit, retry from a message, compact", { skip: SKIP }, async () => {
+  const client = direct();
+  const note = (i) => ({ text: `turn ${i}`, toolCalls: [{ name: "put_note", arguments: { key: `k${i}`, text: "x" } }], summary: `notes k0..k${i}` });
+  // No script: the scripted model answers "You said: <the last user message>".
+  const parent = await client.createSession({ prompt: "hello" });
+  const long = await client.createSession({ prompt: "save two", script: [note(0), note(1), { text: "saved" }] });
+  assert.equal((await terminal(client, parent.id)).status, "succeeded");
+  const texts = async (id) => {
+    const events = [];
+    for await (const event of client.iterTranscript(id)) events.push(event);
+    return events.filter((e) => e.type === "assistant_message").map((e) => e.data.text);
+  };
+  // An edit of the prompt: answered anew.
+  const edited = await client.forkSession(parent.id, { atSeq: 1, message: "say hi", title: "ts fork" });
+  assert.deepEqual([edited.status, edited.title, edited.forkedFrom], ["queued", "ts fork", { sessionId: parent.id, seq: 1 }]);
+  // A retry: the fork at the user message answers it again.
+  const retried = await client.forkSession(parent.id, { atSeq: 1 });
+  assert.deepEqual([retried.status, retried.forkedFrom], ["queued", { sessionId: parent.id, seq: 1 }]);
+  assert.equal((await terminal(client, retried.id)).status, "succeeded");
+  assert.deepEqual(await texts(retried.id), ["You said: hello"]);
+  await assert.rejects(client.forkSession(parent.id, { atSeq: 10_000 }), (error) => {
+    assert.ok(error instanceof UnprocessableEntityError);
+    assert.equal(error.code, "FORK_SEQ_OUT_OF_RANGE");
+    return true;
+  });
+  // A finished session is queued for a compaction, writes it, and settles as it was.
+  assert.equal((await terminal(client, long.id)).status, "succeeded");
+  const asked = await client.compactSession(long.id);
+  assert.deepEqual([asked.id, asked.status], [long.id, "queued"]);
+  assert.ok(Number.isInteger(asked.seq));
+  assert.equal((await terminal(client, long.id)).status, "succeeded"); // queued since the 202
+  const fold = new SessionFold();
+  for await (const event of client.iterTranscript(long.id)) fold.apply(event);
+  assert.deepEqual(fold.compactions.map((c) => [c.summary, c.model]), [["notes k0..k0", "scripted"]]);
+  assert.ok(fold.compactions[0].seq > asked.seq && fold.compactions[0].throughSeq < asked.seq);
+  assert.deepEqual(fold.messages.filter((m) => m.role === "assistant").map((m) => m.text), ["turn 0", "turn 1", "saved"]);
+  const idle = await client.createSession({ title: "idle" });
+  await assert.rejects(client.compactSession(idle.id), (error) => error instanceof ConflictError && error.code === "SESSION_NOT_COMPACTABLE");
+  assert.equal((await terminal(client, edited.id)).status, "succeeded");
+  assert.deepEqual(await texts(edited.id), ["You said: say hi"]);
 });
 
 test("a wrong key and an unreachable server", { skip: SKIP }, async () => {

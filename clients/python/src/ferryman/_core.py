@@ -222,6 +222,14 @@ def send_message(session_id: str, text: str) -> Call[MessageAccepted]:
     return Call("POST", path, _model("MessageAccepted"), json={"text": text})
 
 
+def fork_session(
+    session_id: str, at_seq: int, message: str | None, title: str | None
+) -> Call[Session]:
+    fields = {"atSeq": at_seq, "message": message, "title": title}
+    body = {name: value for name, value in fields.items() if value is not None}
+    return Call("POST", f"{_session_path(session_id)}/fork", _model("Session"), json=body)
+
+
 def decide_tool_call(
     session_id: str, tool_call_id: str, approved: bool, reason: str | None
 ) -> Call[ApprovalAccepted]:

@@ -58,6 +58,16 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Compaction:
+    """A `session_compacted`: from `seq` on, the model sees `summary` instead of the messages
+    through `through_seq` (the fold keeps them all, as the log does)."""
+
+    seq: int
+    through_seq: int
+    summary: str
+
+
+@dataclass(frozen=True)
 class Conversation:
     """What a fold shows, as one comparable value."""
 
@@ -68,6 +78,7 @@ class Conversation:
     question: dict[str, Any] | None
     last_seq: int
     draft: str | None
+    compactions: tuple[Compaction, ...] = ()
 
 
 class SessionFold:
@@ -85,6 +96,7 @@ class SessionFold:
         self._turn_ended = 0  # seq of the last event that ended or dropped a turn
         self._messages: list[Message] = []
         self._calls: dict[str, ToolCall] = {}
+        self.compactions: list[Compaction] = []
 
     @property
     def cursor(self) -> int | str:
@@ -116,6 +128,7 @@ class SessionFold:
             self.question,
             self.last_seq,
             self.draft,
+            tuple(self.compactions),
         )
 
     def apply(self, event: StreamEvent | Event) -> bool:
@@ -236,6 +249,10 @@ class SessionFold:
     def _turn_dropped(self, seq: int, data: Mapping[str, Any]) -> None:
         self._end_turn(seq)
 
+    def _compacted(self, seq: int, data: Mapping[str, Any]) -> None:
+        through = int(data.get("throughSeq", 0))
+        self.compactions.append(Compaction(seq, through, str(data.get("summary", ""))))
+
     def _session_end(self, seq: int, data: Mapping[str, Any]) -> None:
         self._end_turn(seq)
         self.status = str(data.get("status", self.status))
@@ -257,6 +274,7 @@ _HANDLERS: dict[str, _Handler] = {
     "model_retry": SessionFold._turn_dropped,
     "session_interrupted": SessionFold._turn_dropped,
     "session_end": SessionFold._session_end,
+    "session_compacted": SessionFold._compacted,
 }
 
 

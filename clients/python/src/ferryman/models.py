@@ -23,6 +23,7 @@ __all__ = [
     "AssistantVersions",
     "CancelAccepted",
     "Event",
+    "ForkedFrom",
     "Lease",
     "MessageAccepted",
     "Model",
@@ -60,6 +61,13 @@ class Usage(Model):
 class AssistantRef(Model):
     id: str
     version: int
+
+
+class ForkedFrom(Model):
+    """Where a fork's history came from: the session and the seq it was forked at."""
+
+    session_id: str
+    seq: int
 
 
 class Assistant(Model):
@@ -114,6 +122,8 @@ class Session(Model):
     # The assistant version the definition was copied from (None: none, or an older server).
     assistant: AssistantRef | None = None
     usage: Usage = Field(default_factory=Usage)
+    # A fork's origin (None: not a fork).
+    forked_from: ForkedFrom | None = None
 
     @property
     def terminal(self) -> bool:

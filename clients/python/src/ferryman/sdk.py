@@ -166,6 +166,19 @@ class Ferryman(ClientBase):
         """A follow-up: steers a running session, queues an idle, waiting or terminal one."""
         return self._call(_core.send_message(session_id, text))
 
+    def fork_session(
+        self,
+        session_id: str,
+        at_seq: int,
+        *,
+        message: str | None = None,
+        title: str | None = None,
+    ) -> Session:
+        """A new session whose history is this one's log through `at_seq`; with `message`,
+        the user message at `at_seq` replaced by it (edit and regenerate). Queued when
+        something is left to answer, else idle; the session forked from is left as it is."""
+        return self._call(_core.fork_session(session_id, at_seq, message, title))
+
     def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
     ) -> ApprovalAccepted:
@@ -383,6 +396,16 @@ class RawFerryman:
     def send_message(self, session_id: str, text: str) -> dict[str, Any]:
         return self._call(_core.send_message(session_id, text))
 
+    def fork_session(
+        self,
+        session_id: str,
+        at_seq: int,
+        *,
+        message: str | None = None,
+        title: str | None = None,
+    ) -> dict[str, Any]:
+        return self._call(_core.fork_session(session_id, at_seq, message, title))
+
     def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
     ) -> dict[str, Any]:
@@ -582,6 +605,16 @@ class AsyncFerryman(ClientBase):
 
     async def send_message(self, session_id: str, text: str) -> MessageAccepted:
         return await self._call(_core.send_message(session_id, text))
+
+    async def fork_session(
+        self,
+        session_id: str,
+        at_seq: int,
+        *,
+        message: str | None = None,
+        title: str | None = None,
+    ) -> Session:
+        return await self._call(_core.fork_session(session_id, at_seq, message, title))
 
     async def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None

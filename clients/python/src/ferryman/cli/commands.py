@@ -630,7 +630,7 @@ def follow_command(
 
 @click.group("sessions", cls=Group, no_args_is_help=True)
 def sessions_cli() -> None:
-    """List, inspect, steer, cancel and delete sessions."""
+    """List, inspect, steer, fork, cancel and delete sessions."""
 
 
 STATUS_STYLES = {
@@ -763,6 +763,9 @@ def sessions_show(session_id: str, as_json: bool, url: str | None, api_key: str 
     error = session.get("error")
     if error:
         rows.append(("error", f"{error.get('code', '')}: {error.get('message', '')}"))
+    forked_from = session.get("forkedFrom")
+    if forked_from:
+        rows.append(("forked", f"from {forked_from['sessionId']} at event {forked_from['seq']}"))
     rows.append(("prompt", _short(session["prompt"], 200)))
     for name, value in rows:
         click.echo(f"{name + ':':<9} {value}")
@@ -916,6 +919,51 @@ def sessions_rename(
         _print_json(session)
     else:
         click.echo(f"{session['id']} {session['title']}")
+
+
+@sessions_cli.command("fork")
+@session_id_argument
+@click.option(
+    "--at-seq",
+    "at_seq",
+    type=click.IntRange(min=1),
+    required=True,
+    metavar="N",
+    help="The last event of its log the fork keeps (`ferryman sessions show` gives the count).",
+)
+@click.option(
+    "--message", metavar="TEXT", help="Replace the user message at N (edit and regenerate)."
+)
+@click.option("--title", metavar="TEXT", help="The fork's title (default: the session's).")
+@click.option("--follow", is_flag=True, help="Then stream the fork until it ends, as `run` does.")
+@json_option("The new session.")
+@url_option
+@api_key_option
+def sessions_fork(
+    session_id: str,
+    at_seq: int,
+    message: str | None,
+    title: str | None,
+    follow: bool,
+    as_json: bool,
+    url: str | None,
+    api_key: str | None,
+) -> None:
+    """A new session whose history is this one's through event N; the session is left as it
+    is. With --message, the user message at N is replaced and answered anew."""
+    with _client(url, api_key) as client:
+        fork = client.raw.fork_session(session_id, at_seq, message=message, title=title)
+        if as_json and not follow:
+            _print_json(fork)
+            return
+        if not as_json:
+            click.echo(
+                f"{fork['id']} forked from {session_id} at event {at_seq} ({fork['status']})"
+            )
+        if not follow or fork["status"] == "idle":  # idle: nothing to answer until a message
+            return
+        code = _follow(client, fork["id"], after=fork["lastSeq"], as_json=as_json)
+    raise Exit(code)
 
 
 @sessions_cli.command("delete")

@@ -3,14 +3,19 @@ the scripted model (which scripts a summary) and the OpenAI adapter against the 
 A long session compacts and goes on, the log keeps every event, the request after a compaction
 pairs every call with its result, POST /compact, a context-too-long answer compacts and retries
 once, long tool results are shown cut, a compaction's call counts in usage, and a worker
-SIGKILLed during a compaction leaves the previous view or a whole new one."""
+SIGKILLed during a compaction leaves the previous view or a whole new one. Last, a 30-turn
+session against llama.cpp's server with a 512-token context fails without compaction and
+succeeds with it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from tests.fake_provider import (
     FakeProvider,
@@ -23,6 +28,8 @@ from tests.fake_provider import (
     tool_use_block,
     usage_chunk,
 )
+from tests.llm.server import LlamaServer, llama_server, require_xllamacpp
+from tests.llm.tiny_model import PLAIN_ANSWER, write_tiny_model
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -327,3 +334,56 @@ async def test_a_session_takes_its_assistants_compaction_unless_it_gives_its_own
             "/api/agent", json={"prompt": "x", "compaction": {"triggerTokens": 5}}
         )
         assert_problem(bad, 422, "VALIDATION_ERROR")
+
+
+# --- a real model server with a small context --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama.cpp's server on the tiny model with a 512-token context (one slot, so the whole
+    context is that session's)."""
+    require_xllamacpp()
+    model = write_tiny_model(tmp_path_factory.mktemp("llm") / "tiny.gguf")
+    with llama_server(model, n_ctx=512, n_parallel=1) as server:
+        yield server
+
+
+async def talk(http: Any, sid: str, turns: int) -> dict[str, Any]:
+    """Send follow-ups until `turns` exchanges were made or the session failed."""
+    session = await finished(http, sid)
+    for turn in range(1, turns):
+        if session["status"] != "succeeded":
+            return session
+        sent = await http.post(f"/api/agent/{sid}/messages", json={"text": f"message {turn}"})
+        assert sent.status_code == 202, sent.text
+        session = await finished(http, sid)
+    return session
+
+
+async def test_a_30_turn_session_outgrows_a_512_token_context_only_with_compaction(
+    small_llm: LlamaServer, api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    env = {"FERRYMAN_OPENAI_BASE_URL": small_llm.base_url, "FERRYMAN_MODEL_IDLE_TIMEOUT": "20"}
+    await ready(start_worker(env))
+    async with client(api.url, key) as http:
+        # Its summarizer is the session's own tiny model, whose request cannot fit either.
+        plain = await new_session(http, "message 0", model="openai:tiny", tools=[])
+        failed = await talk(http, plain, 30)
+        assert failed["status"] == "failed"
+        assert failed["error"]["code"] == "MODEL_CONTEXT_TOO_LONG"
+        # The tiny model cannot summarize; the scripted model does, and the real one goes on.
+        compacting = await new_session(
+            http,
+            "message 0",
+            model="openai:tiny",
+            tools=[],
+            compaction={"triggerTokens": 300, "keepRecentTurns": 1, "model": "scripted"},
+        )
+        session = await talk(http, compacting, 30)
+        events = await transcript(http, compacting)
+    assert session["status"] == "succeeded", session
+    answers = of_type(events, "assistant_message")
+    assert len(answers) == 30 and {a["data"]["text"] for a in answers} == {PLAIN_ANSWER}
+    assert len(of_type(events, "session_compacted")) >= 5
+    assert all(a["data"]["usage"]["inputTokens"] < 512 for a in answers)

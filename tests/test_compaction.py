@@ -300,6 +300,31 @@ async def test_a_worker_killed_during_a_compaction_leaves_no_half_of_one(
     assert len(of_type(events, "session_resumed")) == 1
 
 
+async def test_a_run_resumed_after_a_compaction_goes_on_from_the_compacted_view(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    env = {**FAST, "FERRYMAN_LEASE_TTL": "3"}
+    first = start_worker(env)
+    await ready(first)
+    sleep = {"text": "sleeping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 2}}]}
+    script = [*note_turns(4), sleep, {"text": "done"}]
+    async with client(api.url, key) as http:
+        sid = await new_session(
+            http, "go", script=script, compaction={"triggerTokens": 500, "keepRecentTurns": 1}
+        )
+        await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        await wait_event(http, sid, lambda e: e["data"].get("name") == "sleep")
+        first.signal(signal.SIGKILL)
+        await ready(start_worker(env))
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    assert len(of_type(events, "session_resumed")) == 1
+    texts = [e["data"]["text"] for e in of_type(events, "assistant_message")]
+    # The interrupted turn is replayed (the summary counts the turns before it), then the end.
+    assert texts == [*(f"turn {i}" for i in range(4)), "sleeping", "sleeping", "done"]
+
+
 async def test_a_session_takes_its_assistants_compaction_unless_it_gives_its_own(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:

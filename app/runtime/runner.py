@@ -385,9 +385,9 @@ class Run:
                     return
                 if self.awaiting or self.client_calls:
                     continue  # a follow-up, a decision or a result came in as the run was to wait
-            delivered = self.read_seq
             await self.flush()  # what the model is told is durable before it is asked
-            await self.compact_if_due(specs)
+            await self.compact_if_due(specs)  # which may take new messages
+            delivered = self.read_seq
             try:
                 reply = bounded_reply(
                     await self.call_model(model, self.request(specs, settings)),
@@ -399,6 +399,7 @@ class Run:
                 ):
                     await self.fail(fault, delivered)
                     return
+                delivered = self.read_seq
                 try:  # once, on the compacted conversation; then the fault is the session's
                     reply = bounded_reply(
                         await self.call_model(model, self.request(specs, settings)),
@@ -473,8 +474,12 @@ class Run:
         view whole: the next run compacts again). False when nothing could be cut or the
         summary could not be had (the run goes on with the conversation as it was)."""
         settings = self.compaction()
+        # Every message logged so far is taken (one logged later has a seq past the cut), and
+        # every message's seq known.
+        self.inbox = True
+        await self.take_new_events()
+        await self.flush()
         held = {c.id for c in (*self.awaiting, *self.client_calls)}
-        await self.flush()  # every message's seq known
         self.compaction_asked = False
         view = self.conversation
         cut = choose_cut(view, settings.keep_recent_turns, held)

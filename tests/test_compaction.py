@@ -216,6 +216,39 @@ async def test_compact_on_a_finished_session_then_a_follow_up_sees_the_summary(
         )
 
 
+async def test_compact_while_an_approval_waits_keeps_it_pending(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker(FAST))
+    gated = {"text": "gated", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 0}}]}
+    script = [*note_turns(3), gated, {"text": "done"}]
+    async with client(api.url, key) as http:
+        sid = await new_session(
+            http,
+            "go",
+            script=script,
+            approvalRequired=["sleep"],
+            compaction={"triggerTokens": 5000},
+        )
+        asked = await wait_event(http, sid, lambda e: e["type"] == "tool_approval_requested")
+        await wait_for_status(http, sid, {"waiting"})
+        assert (await http.post(f"/api/agent/{sid}/compact")).status_code == 202
+        compacted = await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        assert (await wait_for_status(http, sid, {"waiting"}))["status"] == "waiting"
+        call_id = asked["data"]["toolCallId"]
+        assert compacted["data"]["throughSeq"] < asked["seq"]
+        decided = await http.post(
+            f"/api/agent/{sid}/tool-calls/{call_id}/approval", json={"approved": True}
+        )
+        assert decided.status_code == 202, decided.text
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    [result] = [e for e in of_type(events, "tool_result") if e["data"]["toolCallId"] == call_id]
+    assert not result["data"]["isError"]
+    assert of_type(events, "assistant_message")[-1]["data"]["text"] == "done"
+
+
 async def test_a_context_too_long_answer_compacts_and_retries_once(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:

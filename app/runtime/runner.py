@@ -43,6 +43,7 @@ from app.agent.conversation import (
     UserMessage,
     bounded_reply,
     bounded_result,
+    clip_text,
     conversation_from_events,
     message_from_event,
 )
@@ -435,11 +436,18 @@ class Run:
             if ended:
                 return
 
+    def shown(self, conversation: list[Message] | None = None) -> list[Message]:
+        """The conversation as the model is shown it: each tool result cut to
+        FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS."""
+        return trim_results(
+            self.conversation if conversation is None else conversation,
+            self.ctx.tool_result_max_chars,
+        )
+
     def request(self, specs: tuple[ToolSpec, ...], settings: ModelSettings) -> ModelRequest:
-        """What the model is asked: the conversation (compacted, if it was), each tool result
-        cut to FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS, and every tool still offered."""
-        shown = trim_results(self.conversation, self.ctx.tool_result_max_chars)
-        return ModelRequest(tuple(shown), specs, self.row["instructions"], settings)
+        """What the model is asked: the conversation (compacted, if it was), its tool results
+        cut, and every tool still offered."""
+        return ModelRequest(tuple(self.shown()), specs, self.row["instructions"], settings)
 
     # --- compaction (docs/compaction.md) --------------------------------------------------
 
@@ -460,7 +468,7 @@ class Run:
         the trigger."""
         configured = CompactionSettings.from_wire(self.row.get("compaction"))
         due = configured is not None and (
-            estimate_tokens(self.conversation, self.row["instructions"], specs)
+            estimate_tokens(self.shown(), self.row["instructions"], specs)
             > configured.trigger_tokens
         )
         if due or self.compaction_asked:
@@ -507,13 +515,17 @@ class Run:
                 extra={"session": str(self.session_id)},
             )
             return False
+        text = clip_text(reply.text, self.ctx.max_event_bytes - 1024).strip()
+        if not text:
+            log.warning("compaction wrote no summary", extra={"session": str(self.session_id)})
+            return False
         through = max(m.seq for m in covered if not isinstance(m, Summary))
-        after = compact(view, Summary(reply.text, through))
+        after = compact(view, Summary(text, through))
         data: dict[str, Any] = {
             "throughSeq": through,
-            "summary": reply.text,
-            "tokensBefore": estimate_tokens(view, instructions, specs),
-            "tokensAfter": estimate_tokens(after, instructions, specs),
+            "summary": text,
+            "tokensBefore": estimate_tokens(self.shown(view), instructions, specs),
+            "tokensAfter": estimate_tokens(self.shown(after), instructions, specs),
             "model": name,
         }
         if reply.usage is not None:

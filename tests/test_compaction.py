@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ferryman import AsyncFerryman
 from tests.fake_provider import (
     FakeProvider,
     Reply,
@@ -232,8 +233,11 @@ async def test_compact_while_an_approval_waits_keeps_it_pending(
         )
         asked = await wait_event(http, sid, lambda e: e["type"] == "tool_approval_requested")
         await wait_for_status(http, sid, {"waiting"})
-        assert (await http.post(f"/api/agent/{sid}/compact")).status_code == 202
+        async with AsyncFerryman(api.url, api_key=key) as sdk:
+            accepted = await sdk.compact_session(sid)
+        assert (accepted.id, accepted.status) == (sid, "queued")
         compacted = await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        assert compacted["seq"] > accepted.seq
         assert (await wait_for_status(http, sid, {"waiting"}))["status"] == "waiting"
         call_id = asked["data"]["toolCallId"]
         assert compacted["data"]["throughSeq"] < asked["seq"]

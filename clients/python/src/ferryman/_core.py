@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         AssistantPage,
         AssistantVersions,
         CancelAccepted,
+        CompactionAccepted,
         MessageAccepted,
         Session,
         SessionPage,
@@ -220,6 +221,11 @@ def cancel_session(session_id: str, wait: bool) -> Call[Session | CancelAccepted
 def send_message(session_id: str, text: str) -> Call[MessageAccepted]:
     path = f"{_session_path(session_id)}/messages"
     return Call("POST", path, _model("MessageAccepted"), json={"text": text})
+
+
+def compact_session(session_id: str) -> Call[CompactionAccepted]:
+    path = f"{_session_path(session_id)}/compact"
+    return Call("POST", path, _model("CompactionAccepted"))
 
 
 def decide_tool_call(

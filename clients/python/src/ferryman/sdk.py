@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         AssistantPage,
         AssistantVersions,
         CancelAccepted,
+        CompactionAccepted,
         Event,
         MessageAccepted,
         Session,
@@ -165,6 +166,11 @@ class Ferryman(ClientBase):
     def send_message(self, session_id: str, text: str) -> MessageAccepted:
         """A follow-up: steers a running session, queues an idle, waiting or terminal one."""
         return self._call(_core.send_message(session_id, text))
+
+    def compact_session(self, session_id: str) -> CompactionAccepted:
+        """Ask for a compaction (docs/compaction.md): at a running session's next model call;
+        a waiting or succeeded one is queued for it and settles as it was."""
+        return self._call(_core.compact_session(session_id))
 
     def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
@@ -383,6 +389,9 @@ class RawFerryman:
     def send_message(self, session_id: str, text: str) -> dict[str, Any]:
         return self._call(_core.send_message(session_id, text))
 
+    def compact_session(self, session_id: str) -> dict[str, Any]:
+        return self._call(_core.compact_session(session_id))
+
     def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
     ) -> dict[str, Any]:
@@ -582,6 +591,9 @@ class AsyncFerryman(ClientBase):
 
     async def send_message(self, session_id: str, text: str) -> MessageAccepted:
         return await self._call(_core.send_message(session_id, text))
+
+    async def compact_session(self, session_id: str) -> CompactionAccepted:
+        return await self._call(_core.compact_session(session_id))
 
     async def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None

@@ -217,6 +217,34 @@ async def test_compact_on_a_finished_session_then_a_follow_up_sees_the_summary(
         )
 
 
+async def test_compact_on_a_session_cut_by_the_output_limit_does_not_take_the_turn_up(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker(FAST))
+    script = [*note_turns(2), {"text": "cut sho", "stopReason": "length"}, {"text": "rest"}]
+    compaction = {"triggerTokens": 50_000, "keepRecentTurns": 1}
+    async with client(api.url, key) as http:
+        sid = await new_session(http, "go", script=script, compaction=compaction)
+        await wait_for_status(http, sid, {"waiting"})
+        assert (await http.post(f"/api/agent/{sid}/compact")).status_code == 202
+        await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        session = await wait_for_status(http, sid, {"waiting"})
+        events = await transcript(http, sid)
+        assert [e["data"]["text"] for e in of_type(events, "assistant_message")] == [
+            "turn 0",
+            "turn 1",
+            "cut sho",
+        ]
+        assert events[-1]["type"] == "session_end"
+        assert events[-1]["data"]["note"].startswith("output limit reached")
+        sent = await http.post(f"/api/agent/{sid}/messages", json={"text": "go on"})
+        assert sent.status_code == 202
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    assert of_type(events, "assistant_message")[-1]["data"]["text"] == "rest"
+
+
 async def test_compact_while_an_approval_waits_keeps_it_pending(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:

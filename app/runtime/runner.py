@@ -149,6 +149,9 @@ class Run:
     unsequenced: list[tuple[int, Message]] = field(default_factory=list)
     # A `compaction_requested` not honoured yet (POST /compact).
     compaction_asked: bool = False
+    # The session's last `session_end` when the run was queued by POST /compact alone (no
+    # message, decision or result since): once compacted, the run settles as that end did.
+    settle_as: dict[str, Any] | None = None
 
     @property
     def session_id(self) -> UUID:
@@ -261,6 +264,8 @@ class Run:
             plan = await self.begin()
             if self.compaction_asked:  # POST /compact on a waiting or finished session
                 await self.compact_with(self.row["model"], self.specs(), force=True)
+            if self.settle_as is not None and await self.settle_as_before(self.settle_as):
+                return
             if plan.kind == "already-complete":
                 outcome = Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED
                 if await self.finish(outcome):
@@ -294,9 +299,12 @@ class Run:
                 if row["type"] == SessionEventType.CLIENT_TOOL_CALL:
                     requested.add(str(row["data"]["toolCallId"]))
                 self.note_compaction(row["type"])
+                self.note_end(row)
                 if row["type"] in _RUN_EVENTS:
                     last_run_event = row
             self.read_seq = int(rows[-1]["seq"])
+        if not self.compaction_asked:
+            self.settle_as = None
         history = undelivered_last(model_view(messages), self.row["delivered_seq"])
         plan = plan_resume(
             history,
@@ -457,6 +465,12 @@ class Run:
         configured = CompactionSettings.from_wire(self.row.get("compaction"))
         return configured or CompactionSettings(trigger_tokens=0)
 
+    def note_end(self, row: dict[str, Any]) -> None:
+        if row["type"] == SessionEventType.SESSION_END:
+            self.settle_as = dict(row["data"])
+        elif row["type"] in _INPUTS:
+            self.settle_as = None
+
     def note_compaction(self, type_: str) -> None:
         if type_ == SessionEventType.COMPACTION_REQUESTED:
             self.compaction_asked = True
@@ -549,6 +563,13 @@ class Run:
         if reply.usage is not None:
             usage = reply.usage
             self.pending.count_tokens(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
+
+    async def settle_as_before(self, end: dict[str, Any]) -> bool:
+        """A run queued by POST /compact alone ends as the session's previous run did (a turn
+        cut by the output limit is not taken up again); False when a follow-up came meanwhile."""
+        self.pending.deliver(self.read_seq)
+        note = end.get("note")
+        return await self.finish(Status(end["status"]), **({"note": note} if note else {}))
 
     def requires_approval(self, call: ToolCall) -> bool:
         tool = self.tools.get(call.name)
@@ -847,6 +868,17 @@ _RUN_EVENTS = frozenset(
         SessionEventType.USER_QUESTION,
         SessionEventType.CLIENT_TOOL_CALL,
         SessionEventType.SESSION_COMPACTED,
+    }
+)
+
+
+# What the API logs for a run to act on: a session queued by none of them since its last end was
+# queued for a compaction alone.
+_INPUTS = frozenset(
+    {
+        SessionEventType.USER_MESSAGE,
+        SessionEventType.TOOL_APPROVAL_DECIDED,
+        SessionEventType.CLIENT_TOOL_RESULT,
     }
 )
 

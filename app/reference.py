@@ -368,7 +368,8 @@ SESSION_ERROR_CODES: dict[SessionErrorCode, str] = {
     SessionErrorCode.MODEL_BAD_REQUEST: "The provider answered 400 or 422.",
     SessionErrorCode.MODEL_AUTH_FAILED: "401 or 403: a missing or wrong key.",
     SessionErrorCode.MODEL_NOT_FOUND: "404, or a model name no provider serves.",
-    SessionErrorCode.MODEL_CONTEXT_TOO_LONG: "The conversation no longer fits the model's context.",
+    SessionErrorCode.MODEL_CONTEXT_TOO_LONG: "The conversation no longer fits the model's"
+    " context, even after one compaction and a retry (docs/compaction.md).",
     SessionErrorCode.MODEL_REFUSED: "A content filter or the model itself refused the turn.",
     SessionErrorCode.MODEL_ERROR: "A model plug-in failed in a way it did not classify.",
     SessionErrorCode.MODEL_UNAVAILABLE: "Retryable faults (429, 5xx, dropped or stalled streams)"

@@ -3,15 +3,21 @@ the scripted model (which scripts a summary) and the OpenAI adapter against the 
 A long session compacts and goes on, the log keeps every event, the request after a compaction
 pairs every call with its result, POST /compact, a context-too-long answer compacts and retries
 once, long tool results are shown cut, a compaction's call counts in usage, and a worker
-SIGKILLed during a compaction leaves the previous view or a whole new one."""
+SIGKILLed during a compaction leaves the previous view or a whole new one. Last, a 30-turn
+session against llama.cpp's server with a 512-token context fails without compaction and
+succeeds with it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from ferryman import AsyncFerryman
 from tests.fake_provider import (
     FakeProvider,
     Reply,
@@ -23,6 +29,8 @@ from tests.fake_provider import (
     tool_use_block,
     usage_chunk,
 )
+from tests.llm.server import LlamaServer, llama_server, require_xllamacpp
+from tests.llm.tiny_model import PLAIN_ANSWER, write_tiny_model
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -209,6 +217,70 @@ async def test_compact_on_a_finished_session_then_a_follow_up_sees_the_summary(
         )
 
 
+async def test_compact_on_a_session_cut_by_the_output_limit_does_not_take_the_turn_up(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker(FAST))
+    script = [*note_turns(2), {"text": "cut sho", "stopReason": "length"}, {"text": "rest"}]
+    compaction = {"triggerTokens": 50_000, "keepRecentTurns": 1}
+    async with client(api.url, key) as http:
+        sid = await new_session(http, "go", script=script, compaction=compaction)
+        await wait_for_status(http, sid, {"waiting"})
+        assert (await http.post(f"/api/agent/{sid}/compact")).status_code == 202
+        await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        session = await wait_for_status(http, sid, {"waiting"})
+        events = await transcript(http, sid)
+        assert [e["data"]["text"] for e in of_type(events, "assistant_message")] == [
+            "turn 0",
+            "turn 1",
+            "cut sho",
+        ]
+        assert events[-1]["type"] == "session_end"
+        assert events[-1]["data"]["note"].startswith("output limit reached")
+        sent = await http.post(f"/api/agent/{sid}/messages", json={"text": "go on"})
+        assert sent.status_code == 202
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    assert of_type(events, "assistant_message")[-1]["data"]["text"] == "rest"
+
+
+async def test_compact_while_an_approval_waits_keeps_it_pending(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker(FAST))
+    gated = {"text": "gated", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 0}}]}
+    script = [*note_turns(3), gated, {"text": "done"}]
+    async with client(api.url, key) as http:
+        sid = await new_session(
+            http,
+            "go",
+            script=script,
+            approvalRequired=["sleep"],
+            compaction={"triggerTokens": 5000},
+        )
+        asked = await wait_event(http, sid, lambda e: e["type"] == "tool_approval_requested")
+        await wait_for_status(http, sid, {"waiting"})
+        async with AsyncFerryman(api.url, api_key=key) as sdk:
+            accepted = await sdk.compact_session(sid)
+        assert (accepted.id, accepted.status) == (sid, "queued")
+        compacted = await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        assert compacted["seq"] > accepted.seq
+        assert (await wait_for_status(http, sid, {"waiting"}))["status"] == "waiting"
+        call_id = asked["data"]["toolCallId"]
+        assert compacted["data"]["throughSeq"] < asked["seq"]
+        decided = await http.post(
+            f"/api/agent/{sid}/tool-calls/{call_id}/approval", json={"approved": True}
+        )
+        assert decided.status_code == 202, decided.text
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    [result] = [e for e in of_type(events, "tool_result") if e["data"]["toolCallId"] == call_id]
+    assert not result["data"]["isError"]
+    assert of_type(events, "assistant_message")[-1]["data"]["text"] == "done"
+
+
 async def test_a_context_too_long_answer_compacts_and_retries_once(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:
@@ -293,6 +365,31 @@ async def test_a_worker_killed_during_a_compaction_leaves_no_half_of_one(
     assert len(of_type(events, "session_resumed")) == 1
 
 
+async def test_a_run_resumed_after_a_compaction_goes_on_from_the_compacted_view(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    env = {**FAST, "FERRYMAN_LEASE_TTL": "3"}
+    first = start_worker(env)
+    await ready(first)
+    sleep = {"text": "sleeping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 2}}]}
+    script = [*note_turns(4), sleep, {"text": "done"}]
+    async with client(api.url, key) as http:
+        sid = await new_session(
+            http, "go", script=script, compaction={"triggerTokens": 500, "keepRecentTurns": 1}
+        )
+        await wait_event(http, sid, lambda e: e["type"] == "session_compacted")
+        await wait_event(http, sid, lambda e: e["data"].get("name") == "sleep")
+        first.signal(signal.SIGKILL)
+        await ready(start_worker(env))
+        session = await finished(http, sid)
+        events = await transcript(http, sid)
+    assert session["status"] == "succeeded", session
+    assert len(of_type(events, "session_resumed")) == 1
+    texts = [e["data"]["text"] for e in of_type(events, "assistant_message")]
+    # The interrupted turn is replayed (the summary counts the turns before it), then the end.
+    assert texts == [*(f"turn {i}" for i in range(4)), "sleeping", "sleeping", "done"]
+
+
 async def test_a_session_takes_its_assistants_compaction_unless_it_gives_its_own(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:
@@ -327,3 +424,56 @@ async def test_a_session_takes_its_assistants_compaction_unless_it_gives_its_own
             "/api/agent", json={"prompt": "x", "compaction": {"triggerTokens": 5}}
         )
         assert_problem(bad, 422, "VALIDATION_ERROR")
+
+
+# --- a real model server with a small context --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama.cpp's server on the tiny model with a 512-token context (one slot, so the whole
+    context is that session's)."""
+    require_xllamacpp()
+    model = write_tiny_model(tmp_path_factory.mktemp("llm") / "tiny.gguf")
+    with llama_server(model, n_ctx=512, n_parallel=1) as server:
+        yield server
+
+
+async def talk(http: Any, sid: str, turns: int) -> dict[str, Any]:
+    """Send follow-ups until `turns` exchanges were made or the session failed."""
+    session = await finished(http, sid)
+    for turn in range(1, turns):
+        if session["status"] != "succeeded":
+            return session
+        sent = await http.post(f"/api/agent/{sid}/messages", json={"text": f"message {turn}"})
+        assert sent.status_code == 202, sent.text
+        session = await finished(http, sid)
+    return session
+
+
+async def test_a_30_turn_session_outgrows_a_512_token_context_only_with_compaction(
+    small_llm: LlamaServer, api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    env = {"FERRYMAN_OPENAI_BASE_URL": small_llm.base_url, "FERRYMAN_MODEL_IDLE_TIMEOUT": "20"}
+    await ready(start_worker(env))
+    async with client(api.url, key) as http:
+        # Its summarizer is the session's own tiny model, whose request cannot fit either.
+        plain = await new_session(http, "message 0", model="openai:tiny", tools=[])
+        failed = await talk(http, plain, 30)
+        assert failed["status"] == "failed"
+        assert failed["error"]["code"] == "MODEL_CONTEXT_TOO_LONG"
+        # The tiny model cannot summarize; the scripted model does, and the real one goes on.
+        compacting = await new_session(
+            http,
+            "message 0",
+            model="openai:tiny",
+            tools=[],
+            compaction={"triggerTokens": 300, "keepRecentTurns": 1, "model": "scripted"},
+        )
+        session = await talk(http, compacting, 30)
+        events = await transcript(http, compacting)
+    assert session["status"] == "succeeded", session
+    answers = of_type(events, "assistant_message")
+    assert len(answers) == 30 and {a["data"]["text"] for a in answers} == {PLAIN_ANSWER}
+    assert len(of_type(events, "session_compacted")) >= 5
+    assert all(a["data"]["usage"]["inputTokens"] < 512 for a in answers)

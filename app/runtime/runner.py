@@ -43,6 +43,7 @@ from app.agent.conversation import (
     UserMessage,
     bounded_reply,
     bounded_result,
+    clip_text,
     conversation_from_events,
     message_from_event,
 )
@@ -148,6 +149,9 @@ class Run:
     unsequenced: list[tuple[int, Message]] = field(default_factory=list)
     # A `compaction_requested` not honoured yet (POST /compact).
     compaction_asked: bool = False
+    # The session's last `session_end` when the run was queued by POST /compact alone (no
+    # message, decision or result since): once compacted, the run settles as that end did.
+    settle_as: dict[str, Any] | None = None
 
     @property
     def session_id(self) -> UUID:
@@ -260,6 +264,8 @@ class Run:
             plan = await self.begin()
             if self.compaction_asked:  # POST /compact on a waiting or finished session
                 await self.compact_with(self.row["model"], self.specs(), force=True)
+            if self.settle_as is not None and await self.settle_as_before(self.settle_as):
+                return
             if plan.kind == "already-complete":
                 outcome = Status.WAITING if plan.outcome == "waiting" else Status.SUCCEEDED
                 if await self.finish(outcome):
@@ -293,9 +299,12 @@ class Run:
                 if row["type"] == SessionEventType.CLIENT_TOOL_CALL:
                     requested.add(str(row["data"]["toolCallId"]))
                 self.note_compaction(row["type"])
+                self.note_end(row)
                 if row["type"] in _RUN_EVENTS:
                     last_run_event = row
             self.read_seq = int(rows[-1]["seq"])
+        if not self.compaction_asked:
+            self.settle_as = None
         history = undelivered_last(model_view(messages), self.row["delivered_seq"])
         plan = plan_resume(
             history,
@@ -385,9 +394,9 @@ class Run:
                     return
                 if self.awaiting or self.client_calls:
                     continue  # a follow-up, a decision or a result came in as the run was to wait
-            delivered = self.read_seq
             await self.flush()  # what the model is told is durable before it is asked
-            await self.compact_if_due(specs)
+            await self.compact_if_due(specs)  # which may take new messages
+            delivered = self.read_seq
             try:
                 reply = bounded_reply(
                     await self.call_model(model, self.request(specs, settings)),
@@ -399,6 +408,7 @@ class Run:
                 ):
                     await self.fail(fault, delivered)
                     return
+                delivered = self.read_seq
                 try:  # once, on the compacted conversation; then the fault is the session's
                     reply = bounded_reply(
                         await self.call_model(model, self.request(specs, settings)),
@@ -434,11 +444,18 @@ class Run:
             if ended:
                 return
 
+    def shown(self, conversation: list[Message] | None = None) -> list[Message]:
+        """The conversation as the model is shown it: each tool result cut to
+        FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS."""
+        return trim_results(
+            self.conversation if conversation is None else conversation,
+            self.ctx.tool_result_max_chars,
+        )
+
     def request(self, specs: tuple[ToolSpec, ...], settings: ModelSettings) -> ModelRequest:
-        """What the model is asked: the conversation (compacted, if it was), each tool result
-        cut to FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS, and every tool still offered."""
-        shown = trim_results(self.conversation, self.ctx.tool_result_max_chars)
-        return ModelRequest(tuple(shown), specs, self.row["instructions"], settings)
+        """What the model is asked: the conversation (compacted, if it was), its tool results
+        cut, and every tool still offered."""
+        return ModelRequest(tuple(self.shown()), specs, self.row["instructions"], settings)
 
     # --- compaction (docs/compaction.md) --------------------------------------------------
 
@@ -447,6 +464,12 @@ class Run:
         context-too-long answer, which compact any session)."""
         configured = CompactionSettings.from_wire(self.row.get("compaction"))
         return configured or CompactionSettings(trigger_tokens=0)
+
+    def note_end(self, row: dict[str, Any]) -> None:
+        if row["type"] == SessionEventType.SESSION_END:
+            self.settle_as = dict(row["data"])
+        elif row["type"] in _INPUTS:
+            self.settle_as = None
 
     def note_compaction(self, type_: str) -> None:
         if type_ == SessionEventType.COMPACTION_REQUESTED:
@@ -459,7 +482,7 @@ class Run:
         the trigger."""
         configured = CompactionSettings.from_wire(self.row.get("compaction"))
         due = configured is not None and (
-            estimate_tokens(self.conversation, self.row["instructions"], specs)
+            estimate_tokens(self.shown(), self.row["instructions"], specs)
             > configured.trigger_tokens
         )
         if due or self.compaction_asked:
@@ -473,8 +496,12 @@ class Run:
         view whole: the next run compacts again). False when nothing could be cut or the
         summary could not be had (the run goes on with the conversation as it was)."""
         settings = self.compaction()
+        # Every message logged so far is taken (one logged later has a seq past the cut), and
+        # every message's seq known.
+        self.inbox = True
+        await self.take_new_events()
+        await self.flush()
         held = {c.id for c in (*self.awaiting, *self.client_calls)}
-        await self.flush()  # every message's seq known
         self.compaction_asked = False
         view = self.conversation
         cut = choose_cut(view, settings.keep_recent_turns, held)
@@ -502,13 +529,17 @@ class Run:
                 extra={"session": str(self.session_id)},
             )
             return False
+        text = clip_text(reply.text, self.ctx.max_event_bytes - 1024).strip()
+        if not text:
+            log.warning("compaction wrote no summary", extra={"session": str(self.session_id)})
+            return False
         through = max(m.seq for m in covered if not isinstance(m, Summary))
-        after = compact(view, Summary(reply.text, through))
+        after = compact(view, Summary(text, through))
         data: dict[str, Any] = {
             "throughSeq": through,
-            "summary": reply.text,
-            "tokensBefore": estimate_tokens(view, instructions, specs),
-            "tokensAfter": estimate_tokens(after, instructions, specs),
+            "summary": text,
+            "tokensBefore": estimate_tokens(self.shown(view), instructions, specs),
+            "tokensAfter": estimate_tokens(self.shown(after), instructions, specs),
             "model": name,
         }
         if reply.usage is not None:
@@ -532,6 +563,13 @@ class Run:
         if reply.usage is not None:
             usage = reply.usage
             self.pending.count_tokens(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
+
+    async def settle_as_before(self, end: dict[str, Any]) -> bool:
+        """A run queued by POST /compact alone ends as the session's previous run did (a turn
+        cut by the output limit is not taken up again); False when a follow-up came meanwhile."""
+        self.pending.deliver(self.read_seq)
+        note = end.get("note")
+        return await self.finish(Status(end["status"]), **({"note": note} if note else {}))
 
     def requires_approval(self, call: ToolCall) -> bool:
         tool = self.tools.get(call.name)
@@ -830,6 +868,17 @@ _RUN_EVENTS = frozenset(
         SessionEventType.USER_QUESTION,
         SessionEventType.CLIENT_TOOL_CALL,
         SessionEventType.SESSION_COMPACTED,
+    }
+)
+
+
+# What the API logs for a run to act on: a session queued by none of them since its last end was
+# queued for a compaction alone.
+_INPUTS = frozenset(
+    {
+        SessionEventType.USER_MESSAGE,
+        SessionEventType.TOOL_APPROVAL_DECIDED,
+        SessionEventType.CLIENT_TOOL_RESULT,
     }
 )
 

@@ -52,13 +52,14 @@ class ScriptedModel:
 
     def summary_for(self, covered: tuple[Message, ...]) -> AssistantMessage:
         """A compaction's summary: the `summary` of the last turn it covers when the script
-        gives one, else the user messages it covers, in order."""
+        gives one, else the last three user messages it covers (a summary of summaries stays
+        short)."""
         turns = completed_turns(covered)
         if 0 < turns <= len(self.script) and self.script[turns - 1].get("summary"):
             text = str(self.script[turns - 1]["summary"])
         else:
             said = [m.text for m in covered if isinstance(m, (UserMessage, Summary))]
-            text = f"Summary of {turns} turns: " + " | ".join(said)
+            text = f"Summary of {turns} turns: " + " | ".join(said[-3:])
         read = sum(len(m.text) for m in covered if not isinstance(m, ToolResult))
         return AssistantMessage(text, (), "stop", usage=Usage(read // 4 + 1, len(text) // 4 + 1))
 

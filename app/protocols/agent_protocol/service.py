@@ -59,6 +59,7 @@ DEFINITION_FIELDS = {
     "modelSettings": "model_settings",
     "approvalRequired": "approval_required",
     "clientTools": "client_tools",
+    "compaction": "compaction",
 }
 # A wait for a run's end looks at the log at least this often, in case a notification is lost.
 RUN_WAIT_POLL = 1.0

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         AssistantPage,
         AssistantVersions,
         CancelAccepted,
+        CompactionAccepted,
         MessageAccepted,
         Session,
         SessionPage,
@@ -228,6 +229,11 @@ def fork_session(
     fields = {"atSeq": at_seq, "message": message, "title": title}
     body = {name: value for name, value in fields.items() if value is not None}
     return Call("POST", f"{_session_path(session_id)}/fork", _model("Session"), json=body)
+
+
+def compact_session(session_id: str) -> Call[CompactionAccepted]:
+    path = f"{_session_path(session_id)}/compact"
+    return Call("POST", path, _model("CompactionAccepted"))
 
 
 def decide_tool_call(

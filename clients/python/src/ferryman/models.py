@@ -162,6 +162,14 @@ class ApprovalAccepted(Model):
     status: str
 
 
+class CompactionAccepted(Model):
+    """POST /compact: the `compaction_requested` event's seq, and the session's status."""
+
+    id: str
+    seq: int
+    status: str
+
+
 class ToolInfo(Model):
     name: str
     description: str = ""

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         AssistantPage,
         AssistantVersions,
         CancelAccepted,
+        CompactionAccepted,
         Event,
         MessageAccepted,
         Session,
@@ -178,6 +179,11 @@ class Ferryman(ClientBase):
         the user message at `at_seq` replaced by it (edit and regenerate). Queued when
         something is left to answer, else idle; the session forked from is left as it is."""
         return self._call(_core.fork_session(session_id, at_seq, message, title))
+
+    def compact_session(self, session_id: str) -> CompactionAccepted:
+        """Ask for a compaction (docs/compaction.md): at a running session's next model call;
+        a waiting or succeeded one is queued for it and settles as it was."""
+        return self._call(_core.compact_session(session_id))
 
     def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
@@ -406,6 +412,9 @@ class RawFerryman:
     ) -> dict[str, Any]:
         return self._call(_core.fork_session(session_id, at_seq, message, title))
 
+    def compact_session(self, session_id: str) -> dict[str, Any]:
+        return self._call(_core.compact_session(session_id))
+
     def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None
     ) -> dict[str, Any]:
@@ -615,6 +624,9 @@ class AsyncFerryman(ClientBase):
         title: str | None = None,
     ) -> Session:
         return await self._call(_core.fork_session(session_id, at_seq, message, title))
+
+    async def compact_session(self, session_id: str) -> CompactionAccepted:
+        return await self._call(_core.compact_session(session_id))
 
     async def decide_tool_call(
         self, session_id: str, tool_call_id: str, approved: bool, *, reason: str | None = None

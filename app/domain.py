@@ -58,7 +58,7 @@ MAX_ASSISTANTS_PER_OWNER = 1_000
 MAX_ASSISTANT_VERSIONS = 1_000
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 DEFAULT_TITLE_CHARS = 80
-# Events a fork copies (its `atSeq`): the copy is one statement, about 10 to 35 µs an event
+# Events a fork copies (its `atSeq`): the copy is one statement, about 8 to 35 µs an event
 # (docs/performance.md), kept well inside FERRYMAN_DB_STATEMENT_TIMEOUT's default.
 MAX_FORK_EVENTS = 100_000
 # Owner ids: API keys are made for them, feeds are keyed by them (`o:<owner>` on the bus, where

@@ -4,6 +4,7 @@ user message>" past its script, so an edit shows in the answer)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from typing import Any
@@ -20,10 +21,12 @@ from tests.support import (
     assert_problem,
     client,
     create_owner_key,
+    ids,
     new_session,
     of_type,
     query,
     ready,
+    sse,
     transcript,
     wait_event,
     wait_for_status,
@@ -347,3 +350,44 @@ async def test_the_openapi_document_declares_the_fork(api: ServerProcess) -> Non
     assert "forkedFrom" in session
     codes = spec["components"]["schemas"]["ProblemCode"]["enum"]
     assert {"FORK_SEQ_OUT_OF_RANGE", "FORK_NOT_USER_MESSAGE", "FORK_TOO_LONG"} <= set(codes)
+
+
+async def test_a_fork_at_a_question_waits_for_an_answer(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    script = [
+        {"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which colour?"}}]},
+        {"text": "Blue it is."},
+    ]
+    async with client(api.url, key) as http:
+        parent = await new_session(http, "paint", script=script)
+        await wait_for_status(http, parent, {"waiting"})
+        asked = await wait_event(http, parent, lambda e: e["type"] == "user_question")
+        child = (await forked(http, parent, atSeq=asked["seq"]))["id"]
+        await wait_for_status(http, child, {"waiting"})
+        events = await transcript(http, child)
+        assert not of_type(events[asked["seq"] :], "assistant_message")  # no model call
+        assert (await http.post(f"/api/agent/{child}/messages", json={"text": "blue"})).is_success
+        await wait_for_status(http, child, DONE)
+        assert answers(await transcript(http, child))[-1] == "Blue it is."
+
+
+async def test_the_streams_show_the_fork(api: ServerProcess, key: str) -> None:
+    """The owner stream announces the fork with `forkedFrom`; its session stream replays its
+    whole log, the copied events first, with seqs as ids."""
+    async with client(api.url, key) as http:
+        parent = await new_session(http, "hello")
+        cursor = (await http.get("/api/agent", params={"limit": 1})).json()["cursor"]
+        child = await forked(http, parent, atSeq=1, message="hi")
+        async with sse(http, "/api/agent/owner-events", last_event_id=cursor) as events:
+            async for event in events:
+                if event.event == "session_created":
+                    created = json.loads(event.data)["data"]["session"]
+                    break
+        assert created["id"] == child["id"]
+        assert created["forkedFrom"] == {"sessionId": parent, "seq": 1}
+        async with sse(http, f"/api/agent/{child['id']}/events", follow="false") as events:
+            frames = [event async for event in events]
+        assert ids(frames) == [1]
+        assert json.loads(frames[0].data)["data"]["text"] == "hi"

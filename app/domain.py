@@ -54,6 +54,9 @@ MAX_ASSISTANT_DESCRIPTION_CHARS = 2_000
 MAX_ASSISTANTS_PER_OWNER = 1_000
 MAX_ASSISTANT_VERSIONS = 1_000
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+MAX_SCHEDULES_PER_OWNER = 100
+# Firings each schedule keeps (and shows as `lastFirings`), newest first.
+MAX_SCHEDULE_FIRINGS = 10
 DEFAULT_TITLE_CHARS = 80
 # Owner ids: API keys are made for them, feeds are keyed by them (`o:<owner>` on the bus, where
 # `|` separates an ephemeral frame), so one format everywhere.
@@ -94,6 +97,14 @@ def default_title(prompt: str) -> str:
     """A title for a session created without one: the prompt's first line, shortened."""
     first = prompt.strip().splitlines()[0] if prompt.strip() else "Untitled"
     return first if len(first) <= DEFAULT_TITLE_CHARS else first[: DEFAULT_TITLE_CHARS - 1] + "…"
+
+
+class Overlap(StrEnum):
+    """What a schedule's tick does while the session it fired last has not ended."""
+
+    SKIP = "skip"  # nothing: the tick is recorded as skipped
+    QUEUE = "queue"  # one firing waits, and fires once that session has ended
+    ALLOW = "allow"  # fires at once, beside it
 
 
 class OwnerEventType(StrEnum):
@@ -186,6 +197,11 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
     }
     if row.get("client_tools") is not None:  # shown only when declared: other sessions as before
         view["clientTools"] = row["client_tools"]
+    view["schedule"] = (
+        None
+        if row.get("schedule_id") is None
+        else {"id": str(row["schedule_id"]), "firedAt": rfc3339(row["schedule_fired_at"])}
+    )
     return view
 
 
@@ -205,4 +221,46 @@ def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
         "version": row["version"],
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),
+    }
+
+
+def schedule_view(row: dict[str, Any], firings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Schedule object of SPEC section 12, camelCase, from a `schedules` row and its latest
+    `schedule_firings` (each joined with its session's status)."""
+    definition = row["definition"]
+    return {
+        "id": str(row["id"]),
+        "ownerId": row["owner_id"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "enabled": row["enabled"],
+        "overlap": row["overlap"],
+        "title": row["title"],
+        "prompt": row["prompt"],
+        "model": definition["model"],
+        "instructions": definition["instructions"],
+        "modelSettings": definition["model_settings"],
+        "tools": definition["tools"],
+        "approvalRequired": definition["approval_required"] or [],
+        "metadata": definition["metadata"],
+        "assistant": None
+        if definition["assistant_id"] is None
+        else {"id": definition["assistant_id"], "version": definition["assistant_version"]},
+        "nextRunAt": rfc3339(row["next_run_at"]),
+        "pendingTick": rfc3339(row["pending_tick"]),
+        "lastFirings": [_firing_view(f) for f in firings],
+        "createdAt": rfc3339(row["created_at"]),
+        "updatedAt": rfc3339(row["updated_at"]),
+    }
+
+
+def _firing_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tick": rfc3339(row["tick"]),
+        "at": rfc3339(row["at"]),
+        "outcome": row["outcome"],
+        "catchUp": row["catch_up"],
+        "sessionId": None if row["session_id"] is None else str(row["session_id"]),
+        "sessionStatus": row["session_status"],
+        "detail": row["detail"],
     }

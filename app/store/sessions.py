@@ -41,7 +41,7 @@ SESSION_COLUMNS = """
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools
+    assistant_version, client_tools, schedule_id, schedule_fired_at
 """
 
 
@@ -60,8 +60,8 @@ _CREATE_SESSION = statement(
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
-                          assistant_version, client_tools)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                          assistant_version, client_tools, schedule_id, schedule_fired_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     RETURNING {SESSION_COLUMNS}
     """,
 )
@@ -177,6 +177,9 @@ class NewSession:
     # The tools the session's client declared ({name, description, parameters}), which it
     # answers itself; None: none.
     client_tools: list[dict[str, Any]] | None = None
+    # The schedule that fired it, and the tick it fired for.
+    schedule_id: UUID | None = None
+    schedule_fired_at: datetime | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -264,6 +267,8 @@ async def create_session(
             new.assistant_id,
             new.assistant_version,
             Jsonb(new.client_tools) if new.client_tools is not None else None,
+            new.schedule_id,
+            new.schedule_fired_at,
         ),
     )
     row = await cur.fetchone()

@@ -322,3 +322,47 @@ async def test_without_catch_up_missed_ticks_fire_nothing(
         assert firing["outcome"] == "missed" and firing["sessionId"] is None
         assert instant(schedule["nextRunAt"]) == latest + timedelta(hours=1)
         assert await fired(isolated_db, sid) == []
+
+
+async def test_the_sdk_and_the_cli(api: ServerProcess, key: str) -> None:
+    """Ferryman and AsyncFerryman's schedule calls, and `ferryman schedules`."""
+    from ferryman import AsyncFerryman, Ferryman, NotFoundError, UnprocessableEntityError
+
+    with Ferryman(api.url, api_key=key) as sync:
+        made = sync.create_schedule(
+            "0 9 * * 1-5", "standup notes", timezone="Europe/Berlin", tools=["get_note"]
+        )
+        assert made.cron == "0 9 * * 1-5" and made.tools == ["get_note"]
+        assert made.next_run_at is not None and made.overlap == "skip"
+        assert sync.pause_schedule(made.id).next_run_at is None
+        assert sync.resume_schedule(made.id).enabled is True
+        changed = sync.update_schedule(made.id, overlap="allow", tools=None, title="Standup")
+        assert (changed.overlap, changed.tools, changed.title) == ("allow", None, "Standup")
+        assert [s.id for s in sync.list_schedules().schedules] == [made.id]
+        with pytest.raises(UnprocessableEntityError) as refused:
+            sync.create_schedule("61 * * * *", "x")
+        assert refused.value.code == "SCHEDULE_CRON_INVALID"
+    async with AsyncFerryman(api.url, api_key=key) as client:
+        assert (await client.get_schedule(made.id)).title == "Standup"
+        assert (await client.pause_schedule(made.id)).enabled is False
+        await client.delete_schedule(made.id)
+        with pytest.raises(NotFoundError):
+            await client.get_schedule(made.id)
+
+    from tests.test_cli_client import Ferryman as Cli
+
+    cli = Cli(api.url, key)
+    created = await cli("schedules", "create", "*/5 * * * *", "check the queue", "--tz", "UTC")
+    assert created.returncode == 0, created
+    sid = created.stdout.split()[0]
+    listed = await cli("schedules", "list")
+    assert sid in listed.stdout and "*/5 * * * *" in listed.stdout, listed
+    shown = await cli("schedules", "show", sid, "--json")
+    assert shown.json()["prompt"] == "check the queue"
+    paused = await cli("schedules", "pause", sid)
+    assert paused.returncode == 0 and "paused" in paused.stdout, paused
+    resumed = await cli("schedules", "resume", sid, "--json")
+    assert resumed.json()["enabled"] is True
+    assert (await cli("schedules", "delete", sid)).returncode == 0
+    gone = await cli("schedules", "show", sid)
+    assert gone.returncode != 0 and "no such schedule" in gone.stderr, gone

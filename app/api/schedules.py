@@ -3,6 +3,7 @@ a session (fired by the workers, runtime/scheduler.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -172,8 +173,11 @@ async def update_schedule(
     async with services.db.transaction() as conn:
         # Under the row lock: a firing since the read above moved the schedule on.
         locked = await schedule_store.get(conn, owner, sid, for_update=True)
-        if state.enabled and not restart:
-            state = _keep_timing(state, locked)
+        state = _timing(state, locked, restart)
+        if locked["pending_tick"] is not None and state.pending_tick is None:
+            await schedule_store.record_firing(
+                conn, sid, locked["pending_tick"], "skipped", detail="dropped: paused"
+            )
         row = await schedule_store.update(conn, owner, sid, state)
         firings = await schedule_store.firings(conn, [sid])
     return schedule_view(row, firings[sid])
@@ -194,15 +198,13 @@ def _merged(
         raise RequestValidationError(errors) from None
 
 
-def _keep_timing(state: ScheduleState, locked: dict[str, Any]) -> ScheduleState:
-    """`state` with the locked row's next tick and queued firing: the timetable is unchanged."""
-    return ScheduleState(
-        **{
-            **state.__dict__,
-            "next_run_at": locked["next_run_at"] or state.next_run_at,
-            "pending_tick": locked["pending_tick"],
-        }
-    )
+def _timing(state: ScheduleState, locked: dict[str, Any], restart: bool) -> ScheduleState:
+    """`state` with the locked row's queued firing, and its next tick unless the timetable
+    starts again (`restart`); paused, neither."""
+    if not state.enabled:
+        return state
+    next_run_at = state.next_run_at if restart else locked["next_run_at"] or state.next_run_at
+    return replace(state, next_run_at=next_run_at, pending_tick=locked["pending_tick"])
 
 
 @router.delete(

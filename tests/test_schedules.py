@@ -366,3 +366,28 @@ async def test_the_sdk_and_the_cli(api: ServerProcess, key: str) -> None:
     assert (await cli("schedules", "delete", sid)).returncode == 0
     gone = await cli("schedules", "show", sid)
     assert gone.returncode != 0 and "no such schedule" in gone.stderr, gone
+
+
+async def test_a_tick_fired_already_is_not_fired_again(
+    api: ServerProcess, key: str, isolated_db: str, start_worker: StartWorker
+) -> None:
+    """A schedule put back to a tick it fired (a clock gone back, a bug): the database refuses
+    a second session for the tick, the worker logs the failure and the schedule goes on."""
+    worker = start_worker(FAST)
+    await ready(worker)
+    async with client(api.url, key) as http:
+        sid = (await create_schedule(http, cron="0 * * * *"))["id"]
+        latest = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        await make_due(isolated_db, sid, latest)
+        await wait_fired(isolated_db, sid, 1)
+        await make_due(isolated_db, sid, latest)
+        deadline = time.monotonic() + 20
+        while "the firing failed" not in worker.logs(tail=None):
+            assert time.monotonic() < deadline, worker.logs()
+            await asyncio.sleep(0.1)
+        [session] = await fired(isolated_db, sid)
+        schedule = (await http.get(f"/api/schedules/{sid}")).json()
+        assert instant(schedule["nextRunAt"]) == latest + timedelta(hours=1)
+        [firing] = schedule["lastFirings"]
+        assert firing["outcome"] == "fired" and firing["sessionId"] == str(session["id"])
+    assert "sessions_schedule_tick" in worker.logs(tail=None)

@@ -60,6 +60,9 @@ async def run_scheduler(db: Database, settings: Settings, stopping: asyncio.Even
             outage.recovered()
         except UNAVAILABLE_ERRORS as exc:
             outage.failed(exc)
+        except Exception:
+            # A bug must not end the task: every later tick would go unfired.
+            log.exception("the scheduler's poll failed")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), settings.schedule_poll_interval)
 
@@ -80,22 +83,35 @@ async def _handle_one(db: Database, settings: Settings) -> bool:
         row = await schedule_store.lock_due(conn)
         if row is None:
             return False
-        cron = Cron(row["cron"], zone(row["timezone"]))
         try:
             async with conn.transaction():
-                await _fire_due(conn, row, cron, settings)
+                await _fire_due(conn, row, settings)
         except UNAVAILABLE_ERRORS:
             raise
         except Exception as exc:
             log.exception("schedule %s: the firing failed", row["id"])
-            tick = row["pending_tick"] or row["next_run_at"]
             await schedule_store.skip_failed(
-                conn, row["id"], tick, cron.next_after(row["now"]), str(exc)[:_DETAIL_CHARS]
+                conn,
+                row["id"],
+                row["pending_tick"] or row["next_run_at"],
+                _next_tick(row),
+                str(exc)[:_DETAIL_CHARS],
             )
     return True
 
 
-async def _fire_due(conn: Connection, row: dict[str, Any], cron: Cron, settings: Settings) -> None:
+def _next_tick(row: dict[str, Any]) -> datetime | None:
+    """The schedule's first tick after now; None when its cron no longer reads (a library
+    upgrade that refuses it): the schedule is then paused rather than failed every poll."""
+    try:
+        return Cron(row["cron"], zone(row["timezone"])).next_after(row["now"])
+    except Exception:
+        log.exception("schedule %s: its cron no longer reads; paused", row["id"])
+        return None
+
+
+async def _fire_due(conn: Connection, row: dict[str, Any], settings: Settings) -> None:
+    cron = Cron(row["cron"], zone(row["timezone"]))
     now: datetime = row["now"]
     pending: datetime | None = row["pending_tick"]
     last_session: UUID | None = row["last_session_id"]

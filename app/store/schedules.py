@@ -304,14 +304,19 @@ async def advance(
 
 
 async def skip_failed(
-    conn: Connection, schedule_id: UUID, tick: datetime, next_run_at: datetime, detail: str
+    conn: Connection,
+    schedule_id: UUID,
+    tick: datetime,
+    next_run_at: datetime | None,
+    detail: str,
 ) -> None:
     """After a firing of the locked schedule that failed (rolled back to a savepoint): move it
-    past `tick`, clear a queued firing, and record the failure (unless `tick` has a record of
-    another outcome already: it fired once, whatever failed after)."""
+    to `next_run_at` (None: pause it), clear a queued firing, and record the failure (unless
+    `tick` has a record of another outcome already: it fired once, whatever failed after)."""
     await conn.execute(
-        "UPDATE schedules SET next_run_at = %s, pending_tick = NULL WHERE id = %s",
-        (next_run_at, schedule_id),
+        "UPDATE schedules SET next_run_at = %(next)s, pending_tick = NULL,"
+        " enabled = enabled AND %(next)s::timestamptz IS NOT NULL WHERE id = %(id)s",
+        {"next": next_run_at, "id": schedule_id},
     )
     await conn.execute(
         "INSERT INTO schedule_firings (schedule_id, tick, outcome, detail)"

@@ -197,11 +197,11 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
     }
     if row.get("client_tools") is not None:  # shown only when declared: other sessions as before
         view["clientTools"] = row["client_tools"]
-    view["schedule"] = (
-        None
-        if row.get("schedule_id") is None
-        else {"id": str(row["schedule_id"]), "firedAt": rfc3339(row["schedule_fired_at"])}
-    )
+    if row.get("schedule_id") is not None:  # likewise: only a fired session names its schedule
+        view["schedule"] = {
+            "id": str(row["schedule_id"]),
+            "firedAt": rfc3339(row["schedule_fired_at"]),
+        }
     return view
 
 

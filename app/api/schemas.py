@@ -524,7 +524,9 @@ class Session(BaseModel):
         description="The tools its client declared (absent: none).",
     )
     schedule: ScheduleRef | None = Field(
-        default=None, description="The schedule that fired it and the tick it fired for, or null."
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The schedule that fired it and the tick it fired for (absent: none).",
     )
 
 

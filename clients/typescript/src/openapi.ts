@@ -788,7 +788,7 @@ export interface components {
             usage: components["schemas"]["Usage"];
             /** @description The tools its client declared (absent: none). */
             clientTools?: components["schemas"]["ClientTool"][] | null;
-            /** @description The schedule that fired it and the tick it fired for, or null. */
+            /** @description The schedule that fired it and the tick it fired for (absent: none). */
             schedule?: components["schemas"]["ScheduleRef"] | null;
         };
         /** SessionList */

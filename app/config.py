@@ -98,6 +98,13 @@ class Settings(BaseSettings):
     # cores, 0.05 s made token latency p99 0.83 s, 0.1 s made it 0.13 s (bench/README.md).
     delta_flush_interval: float = Field(default=0.1, gt=0, le=5)
     tool_timeout: float = 600.0
+    # Schedules (docs/schedules.md): every worker looks for due ones this often; each tick
+    # fires once whatever the number of workers.
+    schedule_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    # After downtime, one firing for all the ticks missed (false: none of them fires).
+    schedule_catch_up: bool = True
+    # A tick reached later than this (seconds) counts as missed.
+    schedule_grace: float = Field(default=60.0, gt=0)
     # Extra tools as comma-separated `module:attribute` (a Tool or a list of Tools).
     tool_modules: str = ""
     model: str = Field(default="scripted", pattern=MODEL_NAME_PATTERN)

@@ -57,6 +57,9 @@ MAX_ASSISTANT_DESCRIPTION_CHARS = 2_000
 MAX_ASSISTANTS_PER_OWNER = 1_000
 MAX_ASSISTANT_VERSIONS = 1_000
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+MAX_SCHEDULES_PER_OWNER = 100
+# Firings each schedule keeps (and shows as `lastFirings`), newest first.
+MAX_SCHEDULE_FIRINGS = 10
 DEFAULT_TITLE_CHARS = 80
 # Events a fork copies (its `atSeq`): the copy is one statement, about 8 to 35 µs an event
 # (docs/performance.md), kept well inside FERRYMAN_DB_STATEMENT_TIMEOUT's default.
@@ -100,6 +103,14 @@ def default_title(prompt: str) -> str:
     """A title for a session created without one: the prompt's first line, shortened."""
     first = prompt.strip().splitlines()[0] if prompt.strip() else "Untitled"
     return first if len(first) <= DEFAULT_TITLE_CHARS else first[: DEFAULT_TITLE_CHARS - 1] + "…"
+
+
+class Overlap(StrEnum):
+    """What a schedule's tick does while the session it fired last has not ended."""
+
+    SKIP = "skip"  # nothing: the tick is recorded as skipped
+    QUEUE = "queue"  # one firing waits, and fires once that session has ended
+    ALLOW = "allow"  # fires at once, beside it
 
 
 class OwnerEventType(StrEnum):
@@ -203,6 +214,11 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
             "sessionId": str(row["forked_from_session_id"]),
             "seq": row["forked_from_seq"],
         }
+    if row.get("schedule_id") is not None:  # likewise: only a fired session names its schedule
+        view["schedule"] = {
+            "id": str(row["schedule_id"]),
+            "firedAt": rfc3339(row["schedule_fired_at"]),
+        }
     return view
 
 
@@ -240,4 +256,46 @@ def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
         "version": row["version"],
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),
+    }
+
+
+def schedule_view(row: dict[str, Any], firings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Schedule object of SPEC section 12, camelCase, from a `schedules` row and its latest
+    `schedule_firings` (each joined with its session's status)."""
+    definition = row["definition"]
+    return {
+        "id": str(row["id"]),
+        "ownerId": row["owner_id"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "enabled": row["enabled"],
+        "overlap": row["overlap"],
+        "title": row["title"],
+        "prompt": row["prompt"],
+        "model": definition["model"],
+        "instructions": definition["instructions"],
+        "modelSettings": definition["model_settings"],
+        "tools": definition["tools"],
+        "approvalRequired": definition["approval_required"] or [],
+        "metadata": definition["metadata"],
+        "assistant": None
+        if definition["assistant_id"] is None
+        else {"id": definition["assistant_id"], "version": definition["assistant_version"]},
+        "nextRunAt": rfc3339(row["next_run_at"]),
+        "pendingTick": rfc3339(row["pending_tick"]),
+        "lastFirings": [_firing_view(f) for f in firings],
+        "createdAt": rfc3339(row["created_at"]),
+        "updatedAt": rfc3339(row["updated_at"]),
+    }
+
+
+def _firing_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tick": rfc3339(row["tick"]),
+        "at": rfc3339(row["at"]),
+        "outcome": row["outcome"],
+        "catchUp": row["catch_up"],
+        "sessionId": None if row["session_id"] is None else str(row["session_id"]),
+        "sessionStatus": row["session_status"],
+        "detail": row["detail"],
     }

@@ -25,6 +25,10 @@ class ProblemCode(StrEnum):
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
     ASSISTANT_NOT_FOUND = "ASSISTANT_NOT_FOUND"
     ASSISTANT_LIMIT_REACHED = "ASSISTANT_LIMIT_REACHED"
+    SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
+    SCHEDULE_LIMIT_REACHED = "SCHEDULE_LIMIT_REACHED"
+    SCHEDULE_CRON_INVALID = "SCHEDULE_CRON_INVALID"
+    SCHEDULE_TIMEZONE_INVALID = "SCHEDULE_TIMEZONE_INVALID"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
@@ -85,6 +89,38 @@ class AssistantNotFound(NotFound):
 
 class AssistantLimitReached(FerrymanError):
     status, code, title = 409, ProblemCode.ASSISTANT_LIMIT_REACHED, "Conflict"
+
+
+class ScheduleNotFound(NotFound):
+    code = ProblemCode.SCHEDULE_NOT_FOUND
+
+    def __init__(self) -> None:
+        super().__init__("no such schedule")
+
+
+class ScheduleLimitReached(FerrymanError):
+    status, code, title = 409, ProblemCode.SCHEDULE_LIMIT_REACHED, "Conflict"
+
+
+def field_problem(field: str, detail: str, kind: str) -> dict[str, Any]:
+    """The `errors` of a 422 that names one field, with its own code."""
+    return {"errors": [{"field": field, "message": detail, "type": kind}]}
+
+
+class ScheduleCronInvalid(FerrymanError):
+    status, code, title = 422, ProblemCode.SCHEDULE_CRON_INVALID, "Unprocessable Content"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"cron: {detail}", **field_problem("cron", detail, "cron_invalid"))
+
+
+class ScheduleTimezoneInvalid(FerrymanError):
+    status, code, title = 422, ProblemCode.SCHEDULE_TIMEZONE_INVALID, "Unprocessable Content"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"timezone: {detail}", **field_problem("timezone", detail, "timezone_invalid")
+        )
 
 
 class SessionAlreadyTerminal(FerrymanError):

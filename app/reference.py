@@ -21,7 +21,7 @@ import annotated_types
 from pydantic import AliasChoices, SecretStr
 from pydantic_core import PydanticUndefined
 
-from app import config, domain, generated, tokens
+from app import config, cron, domain, generated, tokens
 from app.agent.tools import builtin
 from app.api import problems, schemas
 from app.domain import SessionErrorCode
@@ -81,6 +81,14 @@ SETTINGS: dict[str, str] = {
     "delta_flush_interval": "Seconds a worker holds token text to send it with more: one NOTIFY"
     " per worker and one `message_delta` frame per streaming session per interval.",
     "tool_timeout": "Seconds a tool call may run unless the tool sets its own budget.",
+    "schedule_poll_interval": "Seconds between a worker's looks for due schedules (one indexed"
+    " query); a tick fires up to this late, and once whatever the number of workers"
+    " ([schedules.md](schedules.md)).",
+    "schedule_catch_up": "After downtime (or a tick reached later than"
+    " `FERRYMAN_SCHEDULE_GRACE`): `true`, one firing stands for all the missed ticks; `false`,"
+    " none of them fires. Either way the schedule then goes on from its next future tick.",
+    "schedule_grace": "Seconds late a tick may be reached and still fire on time; later (or"
+    " with a later tick also due) it counts as missed.",
     "tool_modules": "Extra tools, comma-separated `module:attribute` (a `Tool` or a list).",
     "model": "The model of a session that names none: `scripted`, `openai:<model>` or"
     " `anthropic:<model>`.",
@@ -168,6 +176,7 @@ LIMIT_MODULES = (
     protocol_runs,
     ag_ui_schemas,
     tokens,
+    cron,
 )
 NAMED_LIMITS: dict[str, str] = {
     "MAX_AG_UI_MESSAGES": "AG-UI: `messages` of a `RunAgentInput` (the history it resends).",
@@ -204,6 +213,11 @@ NAMED_LIMITS: dict[str, str] = {
     " `ASSISTANT_LIMIT_REACHED`).",
     "MAX_ASSISTANT_VERSIONS": "Versions of one assistant (a `PATCH` past it: 409"
     " `ASSISTANT_LIMIT_REACHED`).",
+    "MAX_SCHEDULES_PER_OWNER": "An owner's schedules (more: 409 `SCHEDULE_LIMIT_REACHED`).",
+    "MAX_SCHEDULE_FIRINGS": "Firings a schedule keeps and shows (`lastFirings`), newest first.",
+    "MAX_CRON_CHARS": "A schedule's `cron`, in characters (more: 422 `SCHEDULE_CRON_INVALID`).",
+    "MAX_TIMEZONE_CHARS": "A schedule's `timezone`, in characters (more: 422"
+    " `SCHEDULE_TIMEZONE_INVALID`).",
     "MAX_SLEEP_SECONDS": "The `sleep` tool's `seconds` (more: an error tool result).",
     "MAX_NOTE_KEY_CHARS": "A note's key, in characters (more: an error tool result).",
     "MAX_NOTE_CHARS": "A note's text, in characters (more: an error tool result).",
@@ -264,6 +278,22 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.ASSISTANT_LIMIT_REACHED: (
         409,
         "A create past `MAX_ASSISTANTS_PER_OWNER`, or an edit past `MAX_ASSISTANT_VERSIONS`.",
+    ),
+    ProblemCode.SCHEDULE_NOT_FOUND: (
+        404,
+        "No such schedule for this owner (also a malformed id, a deleted schedule and another"
+        " owner's).",
+    ),
+    ProblemCode.SCHEDULE_LIMIT_REACHED: (409, "A create past `MAX_SCHEDULES_PER_OWNER`."),
+    ProblemCode.SCHEDULE_CRON_INVALID: (
+        422,
+        "A schedule's `cron` is not five fields (or six with seconds first, or an `@` alias)"
+        " croniter reads, or never fires; `errors[0].message` says why.",
+    ),
+    ProblemCode.SCHEDULE_TIMEZONE_INVALID: (
+        422,
+        "A schedule's `timezone` is not a key of the IANA time zone database (`Europe/Berlin`,"
+        " `UTC`).",
     ),
     ProblemCode.METHOD_NOT_ALLOWED: (
         405,

@@ -668,9 +668,7 @@ def test_a_narrow_screen(
     # The layout settles after the stream's last frames (the transcript and the list re-render):
     # the page's width is what it comes to, not a frame in between.
     with contextlib.suppress(PlaywrightTimeout):
-        page.wait_for_function(
-            "() => document.documentElement.scrollWidth <= 390", timeout=5_000
-        )
+        page.wait_for_function("() => document.documentElement.scrollWidth <= 390", timeout=5_000)
     width = page.evaluate("document.documentElement.scrollWidth")
     wide = page.evaluate(
         """() => [...document.querySelectorAll('body *')]

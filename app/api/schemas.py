@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from jsonschema import Draft202012Validator, SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     WithJsonSchema,
@@ -37,6 +38,7 @@ from app.domain import (
     MIN_COMPACTION_TRIGGER_TOKENS,
     MODEL_NAME_PATTERN,
     TOOL_NAME_PATTERN,
+    Overlap,
     SessionErrorCode,
     Status,
 )
@@ -374,7 +376,17 @@ class CreateAssistant(Definition):
     )
 
 
-class UpdateAssistant(Definition):
+class Changes(Request):
+    """A PATCH body: the fields given change, and it must give one."""
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> Self:
+        if not self.model_fields_set:
+            raise ValueError("give at least one field to change")
+        return self
+
+
+class UpdateAssistant(Definition, Changes):
     """The fields to change: each PATCH writes a new version. A field set to null is cleared
     (`tools: null`: all tools); `name` and `model` cannot be."""
 
@@ -388,12 +400,6 @@ class UpdateAssistant(Definition):
         if value is None:
             raise ValueError("cannot be null: every version has one")
         return value
-
-    @model_validator(mode="after")
-    def _changes_something(self) -> UpdateAssistant:
-        if not self.model_fields_set:
-            raise ValueError("give at least one field to change")
-        return self
 
 
 class AssistantRef(BaseModel):
@@ -627,6 +633,16 @@ class Session(BaseModel):
         exclude_if=lambda v: v is None,
         description="Where a fork's history came from (absent: not a fork).",
     )
+    schedule: ScheduleRef | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The schedule that fired it and the tick it fired for (absent: none).",
+    )
+
+
+class ScheduleRef(BaseModel):
+    id: Uuid
+    firedAt: DateTime = Field(description="The tick it fired for (the cron's time, in UTC).")
 
 
 class SessionList(BaseModel):
@@ -660,3 +676,113 @@ class Transcript(BaseModel):
     nextAfter: int | None = Field(
         description="Pass as `after` for the next page; null when this page reaches `lastSeq`."
     )
+
+
+# The fields of a schedule's own; the rest of its body is the session each firing creates.
+SCHEDULE_FIELDS = frozenset({"cron", "timezone", "enabled", "overlap", "prompt", "title"})
+Cron = Annotated[
+    Text,
+    Field(
+        description="Five fields (minute hour day-of-month month day-of-week), or six with"
+        " seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422"
+        " SCHEDULE_CRON_INVALID.",
+        examples=["30 2 * * *"],
+    ),
+]
+Timezone = Annotated[
+    Text,
+    Field(
+        description="An IANA time zone the cron reads its times in. Bad: 422"
+        " SCHEDULE_TIMEZONE_INVALID.",
+        examples=["Europe/Berlin"],
+    ),
+]
+OverlapField = Annotated[
+    Overlap,
+    Field(
+        description="While the session it fired last has not ended: `skip` the tick, `queue`"
+        " one firing until it ends, or `allow` it to run beside it (docs/schedules.md)."
+    ),
+]
+
+
+class CreateSchedule(CreateSession):
+    """A timetable and the session each of its ticks creates: the session fields are those of
+    a create (`assistantId` or a definition of its own), checked the same way."""
+
+    cron: Cron
+    timezone: Timezone = "UTC"
+    enabled: bool = True
+    overlap: OverlapField = Overlap.SKIP
+    prompt: Text = Field(  # required here: a fired session starts at once
+        min_length=1, max_length=MAX_PROMPT_CHARS, description="The opening message of each."
+    )
+
+
+def _refuse_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("cannot be null")
+    return value
+
+
+# A PATCH field that may be left out but not cleared.
+NotNull = BeforeValidator(_refuse_null)
+
+
+class UpdateSchedule(CreateSession, Changes):
+    """The fields to change. A session field set to null is cleared (`tools: null`: all tools),
+    as `title` is; `cron`, `timezone`, `enabled`, `overlap` and `prompt` cannot be. A new cron
+    or time zone, or `enabled: true`, starts from the next tick after now."""
+
+    cron: Annotated[Cron | None, NotNull] = None
+    timezone: Annotated[Timezone | None, NotNull] = None
+    enabled: Annotated[bool | None, NotNull] = None
+    overlap: Annotated[OverlapField | None, NotNull] = None
+    prompt: Annotated[Text | None, NotNull, Field(min_length=1, max_length=MAX_PROMPT_CHARS)] = None
+
+
+class ScheduleFiring(BaseModel):
+    tick: DateTime = Field(description="The cron time it was for.")
+    at: DateTime = Field(description="When it was decided.")
+    outcome: Literal["fired", "skipped", "queued", "missed", "failed"] = Field(
+        description="`fired` a session; `skipped` (overlap: the last session had not ended);"
+        " `queued` (waits for it to end, then fires); `missed` (reached too late, with"
+        " FERRYMAN_SCHEDULE_CATCH_UP=false); `failed` (the error is in `detail`)."
+    )
+    catchUp: bool = Field(description="It stood for ticks missed while no worker ran.")
+    sessionId: Uuid | None
+    sessionStatus: Status | None = Field(description="That session's status now.")
+    detail: str | None
+
+
+class Schedule(BaseModel):
+    id: Uuid
+    ownerId: str
+    cron: str
+    timezone: str
+    enabled: bool
+    overlap: Overlap
+    title: str | None = Field(description="Each fired session's title; null: from the prompt.")
+    prompt: str
+    model: str
+    instructions: str | None
+    modelSettings: dict[str, Any]
+    tools: list[str] | None = Field(description="null: all tools.")
+    approvalRequired: list[str]
+    metadata: dict[str, Any]
+    assistant: AssistantRef | None = Field(
+        description="The assistant version the definition was copied from (at create, or at"
+        " the last PATCH of a session field), or null."
+    )
+    nextRunAt: DateTime | None = Field(description="The next tick; null while paused.")
+    pendingTick: DateTime | None = Field(
+        description="overlap `queue`: the tick of the firing waiting for the last session."
+    )
+    lastFirings: list[ScheduleFiring] = Field(description="Newest first.")
+    createdAt: DateTime
+    updatedAt: DateTime
+
+
+class ScheduleList(BaseModel):
+    schedules: list[Schedule]
+    nextPageToken: str | None

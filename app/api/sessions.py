@@ -7,6 +7,7 @@ import base64
 import binascii
 import contextlib
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -46,12 +47,16 @@ SessionId = Annotated[
 ]
 
 
-def parse_session_id(raw: str) -> UUID:
-    """A path id; anything that is not a UUID names no session (404, like a foreign one)."""
+def parse_id(raw: str, not_found: Callable[[], Exception]) -> UUID:
+    """A path id; anything that is not a UUID names nothing (404, like a foreign one)."""
     try:
         return UUID(raw)
     except ValueError:
-        raise SessionNotFound() from None
+        raise not_found() from None
+
+
+def parse_session_id(raw: str) -> UUID:
+    return parse_id(raw, SessionNotFound)
 
 
 def encode_page_token(key: session_store.PageKey) -> str:

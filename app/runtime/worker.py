@@ -23,6 +23,7 @@ from app.domain import SessionErrorCode, Status
 from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
+from app.runtime.scheduler import run_scheduler
 from app.runtime.watcher import watch_peers
 from app.runtime.writes import RunWrites
 from app.services import database
@@ -168,6 +169,11 @@ class Worker:
         watcher = asyncio.create_task(
             watch_peers(self.db.direct_url, self.id, membership), name="death watch"
         )
+        # Every worker polls the schedules; each firing is one locked transaction, so a tick
+        # fires once however many do (runtime/scheduler.py).
+        scheduler = asyncio.create_task(
+            run_scheduler(self.db, self.settings, self.stopping), name="scheduler"
+        )
         try:
             with (
                 self.bus.subscribe(WORK_KEY, lambda _: self.work.set()),
@@ -192,8 +198,9 @@ class Worker:
             # Shutdown: abort runs at a safe point; each writes session_interrupted and
             # releases its lease so another worker takes over at once.
             watcher.cancel()
+            scheduler.cancel()  # a firing in flight rolls back whole
             self._abort_all("shutdown")
-            await asyncio.gather(watcher, *self.tasks, return_exceptions=True)
+            await asyncio.gather(watcher, scheduler, *self.tasks, return_exceptions=True)
             await asyncio.gather(*(server.stop() for server in self.mcp_servers))
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)

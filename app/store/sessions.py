@@ -42,7 +42,8 @@ SESSION_COLUMNS = """
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+    schedule_id, schedule_fired_at
 """
 
 
@@ -61,8 +62,9 @@ _CREATE_SESSION = statement(
     f"""
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
-                          assistant_version, client_tools, compaction)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                          assistant_version, client_tools, compaction, schedule_id,
+                          schedule_fired_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     RETURNING {SESSION_COLUMNS}
     """,
 )
@@ -180,6 +182,9 @@ class NewSession:
     client_tools: list[dict[str, Any]] | None = None
     # `compaction {triggerTokens, ...}` as given (docs/compaction.md); None: never compacted.
     compaction: dict[str, Any] | None = None
+    # The schedule that fired it, and the tick it fired for.
+    schedule_id: UUID | None = None
+    schedule_fired_at: datetime | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -268,6 +273,8 @@ async def create_session(
             new.assistant_version,
             Jsonb(new.client_tools) if new.client_tools is not None else None,
             Jsonb(new.compaction) if new.compaction is not None else None,
+            new.schedule_id,
+            new.schedule_fired_at,
         ),
     )
     row = await cur.fetchone()

@@ -76,7 +76,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -151,7 +151,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at
 
 ),
 owner_cursor AS (
@@ -174,14 +175,16 @@ SELECT * FROM s;
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
-                      assistant_version, client_tools, compaction)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                      assistant_version, client_tools, compaction, schedule_id,
+                      schedule_fired_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -210,7 +213,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -244,13 +248,26 @@ JOIN assistant_versions v
   ON v.assistant_id = a.id AND v.version = coalesce(%(version)s, a.version)
 WHERE a.id = %(id)s AND a.owner_id = %(owner)s AND a.deleted_at IS NULL;
 
+-- name: get_schedule
+SELECT
+    id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
+    next_run_at, pending_tick, last_session_id, created_at, updated_at
+ FROM schedules WHERE id = %s AND owner_id = %s;
+
+-- name: get_schedule_for_update
+SELECT
+    id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
+    next_run_at, pending_tick, last_session_id, created_at, updated_at
+ FROM schedules WHERE id = %s AND owner_id = %s FOR UPDATE;
+
 -- name: get_session
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -260,7 +277,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -271,13 +289,31 @@ INSERT INTO assistant_versions (assistant_id, version, name, description, model,
 VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
         %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s);
 
+-- name: insert_schedule
+INSERT INTO schedules (id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition, next_run_at, pending_tick)
+VALUES (%(id)s, %(owner)s, %(cron)s, %(timezone)s, %(enabled)s, %(overlap)s, %(title)s, %(prompt)s, %(request)s, %(definition)s, %(next_run_at)s, %(pending_tick)s)
+RETURNING
+id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
+next_run_at, pending_tick, last_session_id, created_at, updated_at;
+
+-- name: list_schedules
+SELECT
+   id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
+   next_run_at, pending_tick, last_session_id, created_at, updated_at
+FROM schedules
+   WHERE owner_id = %(owner)s
+     AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+   ORDER BY created_at DESC, id DESC
+   LIMIT %(limit)s;
+
 -- name: list_sessions
 SELECT
    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -312,6 +348,18 @@ SELECT count(*) AS n FROM (
 SELECT version FROM assistants
 WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
+-- name: lock_due_schedule
+WITH t AS (SELECT clock_timestamp() AS now)
+SELECT sc.id, sc.owner_id, sc.cron, sc.timezone, sc.enabled, sc.overlap, sc.title, sc.prompt, sc.request, sc.definition, sc.next_run_at, sc.pending_tick, sc.last_session_id, sc.created_at, sc.updated_at,
+       t.now, s.status AS last_status
+FROM t, schedules sc LEFT JOIN sessions s ON s.id = sc.last_session_id
+WHERE sc.enabled
+  AND (sc.next_run_at <= t.now
+       OR (sc.pending_tick IS NOT NULL AND (s.status IS NULL OR s.status IN ('cancelled', 'failed', 'succeeded'))))
+ORDER BY sc.next_run_at
+LIMIT 1
+FOR UPDATE OF sc SKIP LOCKED;
+
 -- name: lock_for_finish
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
@@ -323,7 +371,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -356,6 +405,12 @@ LEFT JOIN LATERAL (
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
 
+-- name: prune_schedule_firings
+DELETE FROM schedule_firings WHERE schedule_id = %(schedule)s AND tick < (
+    SELECT tick FROM schedule_firings WHERE schedule_id = %(schedule)s
+    ORDER BY tick DESC OFFSET 9 LIMIT 1
+);
+
 -- name: publish_deltas
 WITH chunk AS (
     SELECT * FROM unnest(
@@ -382,6 +437,13 @@ WITH chunk AS (
 )
 SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
 
+-- name: record_schedule_firing
+INSERT INTO schedule_firings (schedule_id, tick, outcome, catch_up, session_id, detail)
+VALUES (%(schedule)s, %(tick)s, %(outcome)s, %(catch_up)s, %(session)s, %(detail)s)
+ON CONFLICT (schedule_id, tick) DO UPDATE
+    SET outcome = excluded.outcome, session_id = excluded.session_id,
+        detail = excluded.detail, at = clock_timestamp();
+
 -- name: redefine_thread
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
@@ -394,7 +456,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -403,7 +466,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -412,7 +476,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at;
 
 -- name: run_write
 WITH bumped AS (
@@ -533,6 +598,13 @@ owner_cursor AS (
 SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended) AS seq,
        (SELECT n FROM notified) AS notified;
 
+-- name: schedule_firings
+SELECT f.schedule_id, f.tick, f.at, f.outcome, f.catch_up, f.session_id, f.detail,
+       s.status AS session_status
+FROM schedule_firings f LEFT JOIN sessions s ON s.id = f.session_id
+WHERE f.schedule_id = ANY(%s)
+ORDER BY f.schedule_id, f.tick DESC;
+
 -- name: search_assistants
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
@@ -555,7 +627,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -570,7 +643,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -585,7 +659,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -600,7 +675,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -615,7 +691,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -630,7 +707,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -645,7 +723,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -660,7 +739,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -675,7 +755,8 @@ SELECT
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+    schedule_id, schedule_fired_at
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -712,7 +793,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at
 
 ),
 owner_cursor AS (
@@ -740,7 +822,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at
 
 ),
 owner_cursor AS (
@@ -770,7 +853,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at
 
 ),
 owner_cursor AS (
@@ -807,7 +891,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -839,4 +924,12 @@ WHERE session_id = %s AND type IN ('user_message',
     'tool_approval_decided', 'client_tool_result',
     'session_end')
 ORDER BY seq;
+
+-- name: update_schedule
+UPDATE schedules SET cron = %(cron)s, timezone = %(timezone)s, enabled = %(enabled)s, overlap = %(overlap)s, title = %(title)s, prompt = %(prompt)s, request = %(request)s, definition = %(definition)s, next_run_at = %(next_run_at)s, pending_tick = %(pending_tick)s,
+    updated_at = clock_timestamp()
+WHERE id = %(id)s AND owner_id = %(owner)s
+RETURNING
+id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
+next_run_at, pending_tick, last_session_id, created_at, updated_at;
 

@@ -324,6 +324,60 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/schedules": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Schedules
+         * @description The owner's schedules, newest first.
+         */
+        get: operations["listSchedules"];
+        put?: never;
+        /**
+         * Create Schedule
+         * @description Its first tick is the first after now. The session fields are checked as a create's
+         *     (an `assistantId` is resolved now: each firing runs that version).
+         */
+        post: operations["createSchedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/schedules/{schedule_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get Schedule */
+        get: operations["getSchedule"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete Schedule
+         * @description It fires no more; the sessions it fired stay, and keep naming it.
+         */
+        delete: operations["deleteSchedule"];
+        options?: never;
+        head?: never;
+        /**
+         * Update Schedule
+         * @description Change the fields given; the result is checked as a create would check it. A changed
+         *     session field resolves the definition again (an `assistantId` without a version: that
+         *     assistant's latest). A new `cron` or `timezone`, or `enabled: true` on a paused schedule,
+         *     starts from the first tick after now; `enabled: false` pauses it (ticks while paused never
+         *     fire) and drops a queued firing.
+         */
+        patch: operations["updateSchedule"];
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -514,6 +568,56 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        /**
+         * CreateSchedule
+         * @description A timetable and the session each of its ticks creates: the session fields are those of
+         *     a create (`assistantId` or a definition of its own), checked the same way.
+         */
+        CreateSchedule: {
+            /** @description `scripted`, `openai:<model>` or `anthropic:<model>`; unset: FERRYMAN_MODEL. */
+            model?: string;
+            /** @description The tools the agent may use (GET /api/tools lists them); unset: all. Only a worker that offers every one of them runs the session. */
+            tools?: string[];
+            /** @description The system prompt. */
+            instructions?: string;
+            modelSettings?: components["schemas"]["ModelSettings"];
+            /** @description Tools whose every call waits for a person's approval in this session. */
+            approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
+            /** @description The opening message of each. */
+            prompt: string;
+            title?: string;
+            script?: components["schemas"]["ScriptTurn"][];
+            /** @description Yours to keep with the session: at most 16384 bytes. */
+            metadata?: {
+                [key: string]: unknown;
+            };
+            /** @description Run this assistant's definition (model, instructions, modelSettings, tools, approvalRequired, compaction); the fields given here override its own (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours. */
+            assistantId?: string;
+            /** @description The version of `assistantId` to pin; unset: its latest. */
+            assistantVersion?: number;
+            /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
+            clientTools?: components["schemas"]["ClientTool"][];
+            /**
+             * @description Five fields (minute hour day-of-month month day-of-week), or six with seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422 SCHEDULE_CRON_INVALID.
+             * @example 30 2 * * *
+             */
+            cron: string;
+            /**
+             * @description An IANA time zone the cron reads its times in. Bad: 422 SCHEDULE_TIMEZONE_INVALID.
+             * @default UTC
+             * @example Europe/Berlin
+             */
+            timezone: string;
+            /** @default true */
+            enabled: boolean;
+            /**
+             * @description While the session it fired last has not ended: `skip` the tick, `queue` one firing until it ends, or `allow` it to run beside it (docs/schedules.md).
+             * @default skip
+             */
+            overlap: components["schemas"]["Overlap"];
+        };
         /** CreateSession */
         CreateSession: {
             /** @description `scripted`, `openai:<model>` or `anthropic:<model>`; unset: FERRYMAN_MODEL. */
@@ -597,6 +701,12 @@ export interface components {
             /** @enum {string} */
             reasoningEffort?: "low" | "medium" | "high";
         };
+        /**
+         * Overlap
+         * @description What a schedule's tick does while the session it fired last has not ended.
+         * @enum {string}
+         */
+        Overlap: "skip" | "queue" | "allow";
         /** PostMessage */
         PostMessage: {
             text: string;
@@ -623,6 +733,87 @@ export interface components {
         /** RenameSession */
         RenameSession: {
             title: string;
+        };
+        /** Schedule */
+        Schedule: {
+            /** Format: uuid */
+            id: string;
+            ownerId: string;
+            cron: string;
+            timezone: string;
+            enabled: boolean;
+            overlap: components["schemas"]["Overlap"];
+            /** @description Each fired session's title; null: from the prompt. */
+            title: string | null;
+            prompt: string;
+            model: string;
+            instructions: string | null;
+            modelSettings: {
+                [key: string]: unknown;
+            };
+            /** @description null: all tools. */
+            tools: string[] | null;
+            approvalRequired: string[];
+            metadata: {
+                [key: string]: unknown;
+            };
+            /** @description The assistant version the definition was copied from (at create, or at the last PATCH of a session field), or null. */
+            assistant: components["schemas"]["AssistantRef"] | null;
+            /** @description The next tick; null while paused. */
+            nextRunAt: string | null;
+            /** @description overlap `queue`: the tick of the firing waiting for the last session. */
+            pendingTick: string | null;
+            /** @description Newest first. */
+            lastFirings: components["schemas"]["ScheduleFiring"][];
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            updatedAt: string;
+        };
+        /** ScheduleFiring */
+        ScheduleFiring: {
+            /**
+             * Format: date-time
+             * @description The cron time it was for.
+             */
+            tick: string;
+            /**
+             * Format: date-time
+             * @description When it was decided.
+             */
+            at: string;
+            /**
+             * @description `fired` a session; `skipped` (overlap: the last session had not ended); `queued` (waits for it to end, then fires); `missed` (reached too late, with FERRYMAN_SCHEDULE_CATCH_UP=false); `failed` (the error is in `detail`).
+             * @enum {string}
+             */
+            outcome: "fired" | "skipped" | "queued" | "missed" | "failed";
+            /** @description It stood for ticks missed while no worker ran. */
+            catchUp: boolean;
+            sessionId: string | null;
+            /** @description That session's status now. */
+            sessionStatus: components["schemas"]["Status"] | null;
+            detail: string | null;
+        };
+        /** ScheduleList */
+        ScheduleList: {
+            schedules: components["schemas"]["Schedule"][];
+            nextPageToken: string | null;
+        };
+        /** ScheduleRef */
+        ScheduleRef: {
+            /** Format: uuid */
+            id: string;
+            /**
+             * Format: date-time
+             * @description The tick it fired for (the cron's time, in UTC).
+             */
+            firedAt: string;
         };
         /**
          * ScriptFault
@@ -709,6 +900,8 @@ export interface components {
             compaction?: components["schemas"]["Compaction"] | null;
             /** @description Where a fork's history came from (absent: not a fork). */
             forkedFrom?: components["schemas"]["ForkedFrom"] | null;
+            /** @description The schedule that fired it and the tick it fired for (absent: none). */
+            schedule?: components["schemas"]["ScheduleRef"] | null;
         };
         /** SessionList */
         SessionList: {
@@ -789,6 +982,51 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        /**
+         * UpdateSchedule
+         * @description The fields to change. A session field set to null is cleared (`tools: null`: all tools),
+         *     as `title` is; `cron`, `timezone`, `enabled`, `overlap` and `prompt` cannot be. A new cron
+         *     or time zone, or `enabled: true`, starts from the next tick after now.
+         */
+        UpdateSchedule: {
+            /** @description `scripted`, `openai:<model>` or `anthropic:<model>`; unset: FERRYMAN_MODEL. */
+            model?: string;
+            /** @description The tools the agent may use (GET /api/tools lists them); unset: all. Only a worker that offers every one of them runs the session. */
+            tools?: string[];
+            /** @description The system prompt. */
+            instructions?: string;
+            modelSettings?: components["schemas"]["ModelSettings"];
+            /** @description Tools whose every call waits for a person's approval in this session. */
+            approvalRequired?: string[];
+            /** @description When the conversation is summarized (docs/compaction.md). */
+            compaction?: components["schemas"]["Compaction"];
+            prompt?: string;
+            title?: string;
+            script?: components["schemas"]["ScriptTurn"][];
+            /** @description Yours to keep with the session: at most 16384 bytes. */
+            metadata?: {
+                [key: string]: unknown;
+            };
+            /** @description Run this assistant's definition (model, instructions, modelSettings, tools, approvalRequired, compaction); the fields given here override its own (modelSettings key by key). 404 ASSISTANT_NOT_FOUND for none of yours. */
+            assistantId?: string;
+            /** @description The version of `assistantId` to pin; unset: its latest. */
+            assistantVersion?: number;
+            /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
+            clientTools?: components["schemas"]["ClientTool"][];
+            /**
+             * @description Five fields (minute hour day-of-month month day-of-week), or six with seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422 SCHEDULE_CRON_INVALID.
+             * @example 30 2 * * *
+             */
+            cron?: string;
+            /**
+             * @description An IANA time zone the cron reads its times in. Bad: 422 SCHEDULE_TIMEZONE_INVALID.
+             * @example Europe/Berlin
+             */
+            timezone?: string;
+            enabled?: boolean;
+            /** @description While the session it fired last has not ended: `skip` the tick, `queue` one firing until it ends, or `allow` it to run beside it (docs/schedules.md). */
+            overlap?: components["schemas"]["Overlap"];
+        };
         /** Usage */
         Usage: {
             inputTokens: number;
@@ -835,7 +1073,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -3476,6 +3714,412 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listSchedules: {
+        parameters: {
+            query?: {
+                limit?: number;
+                pageToken?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleList"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    createSchedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSchedule"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getSchedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id. */
+                schedule_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    deleteSchedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id. */
+                schedule_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    updateSchedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id. */
+                schedule_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateSchedule"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
         CancelAccepted,
         CompactionAccepted,
         MessageAccepted,
+        Schedule,
+        SchedulePage,
         Session,
         SessionPage,
         ToolCatalog,
@@ -320,6 +322,49 @@ def assistant_versions(
 
 def delete_assistant(assistant_id: str) -> Call[None]:
     return Call("DELETE", _assistant_path(assistant_id), _nothing)
+
+
+def wire_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments (`model_settings`) as the API's fields (`modelSettings`), UNSET ones
+    left out."""
+    wire = {}
+    for name, value in fields.items():
+        if not isinstance(value, Unset):
+            first, *rest = name.split("_")
+            wire[first + "".join(part.title() for part in rest)] = value
+    return wire
+
+
+def _schedule_path(schedule_id: str) -> str:
+    return f"/api/schedules/{_segment(schedule_id)}"
+
+
+def create_schedule(cron: str, prompt: str, fields: dict[str, Any]) -> Call[Schedule]:
+    """`fields` by keyword name: the schedule's own and the session's (None: left out)."""
+    given = {key: value for key, value in wire_fields(fields).items() if value is not None}
+    body = {"cron": cron, "prompt": prompt, **given}
+    return Call("POST", "/api/schedules", _model("Schedule"), json=body)
+
+
+def list_schedules(limit: int, page_token: str | None) -> Call[SchedulePage]:
+    params: dict[str, Any] = {"limit": limit}
+    if page_token:
+        params["pageToken"] = page_token
+    return Call("GET", "/api/schedules", _model("SchedulePage"), params=params)
+
+
+def get_schedule(schedule_id: str) -> Call[Schedule]:
+    return Call("GET", _schedule_path(schedule_id), _model("Schedule"))
+
+
+def update_schedule(schedule_id: str, changes: dict[str, Any]) -> Call[Schedule]:
+    """`changes` by keyword name; None clears a session field or the title."""
+    body = wire_fields(changes)
+    return Call("PATCH", _schedule_path(schedule_id), _model("Schedule"), json=body)
+
+
+def delete_schedule(schedule_id: str) -> Call[None]:
+    return Call("DELETE", _schedule_path(schedule_id), _nothing)
 
 
 def list_tools() -> Call[ToolCatalog]:

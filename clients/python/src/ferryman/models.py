@@ -27,6 +27,10 @@ __all__ = [
     "Lease",
     "MessageAccepted",
     "Model",
+    "Schedule",
+    "ScheduleFiring",
+    "SchedulePage",
+    "ScheduleRef",
     "Session",
     "SessionPage",
     "StreamEvent",
@@ -97,6 +101,51 @@ class AssistantVersions(Model):
     next_page_token: str | None = None
 
 
+class ScheduleRef(Model):
+    id: str
+    fired_at: datetime  # the tick it fired for
+
+
+class ScheduleFiring(Model):
+    tick: datetime
+    at: datetime
+    outcome: str  # fired, skipped, queued, missed or failed
+    catch_up: bool = False
+    session_id: str | None = None
+    session_status: str | None = None
+    detail: str | None = None
+
+
+class Schedule(Model):
+    """A cron timetable and the session each of its ticks creates."""
+
+    id: str
+    owner_id: str
+    cron: str
+    timezone: str
+    enabled: bool
+    overlap: str  # skip, queue or allow
+    title: str | None = None
+    prompt: str
+    model: str
+    instructions: str | None = None
+    model_settings: dict[str, Any] = Field(default_factory=dict)
+    tools: list[str] | None = None  # None: all tools
+    approval_required: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    assistant: AssistantRef | None = None
+    next_run_at: datetime | None = None  # None while paused
+    pending_tick: datetime | None = None
+    last_firings: list[ScheduleFiring] = Field(default_factory=list)  # newest first
+    created_at: datetime
+    updated_at: datetime
+
+
+class SchedulePage(Model):
+    schedules: list[Schedule]
+    next_page_token: str | None = None
+
+
 class Session(Model):
     id: str
     owner_id: str
@@ -124,6 +173,8 @@ class Session(Model):
     usage: Usage = Field(default_factory=Usage)
     # A fork's origin (None: not a fork).
     forked_from: ForkedFrom | None = None
+    # The schedule that fired it (None: none, or an older server).
+    schedule: ScheduleRef | None = None
 
     @property
     def terminal(self) -> bool:

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
         CompactionAccepted,
         Event,
         MessageAccepted,
+        Schedule,
+        SchedulePage,
         Session,
         SessionPage,
         ToolCatalog,
@@ -292,6 +294,50 @@ class Ferryman(ClientBase):
         """Sessions created from it go on with the version they pinned."""
         self._call(_core.delete_assistant(assistant_id))
 
+    # --- schedules ---------------------------------------------------------------------------
+
+    def create_schedule(
+        self,
+        cron: str,
+        prompt: str,
+        *,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        enabled: bool = True,
+        title: str | None = None,
+        **session: Any,
+    ) -> Schedule:
+        """A timetable whose every tick creates a session with `prompt`: `cron` (five fields,
+        or six with seconds first) read in `timezone`; `overlap` (skip, queue or allow) says
+        what a tick does while the last session runs. `session`: a create's fields by keyword
+        (`assistant_id`, `model`, `instructions`, `model_settings`, `tools`, ...)."""
+        fields = {"timezone": timezone, "overlap": overlap, "enabled": enabled, "title": title}
+        return self._call(_core.create_schedule(cron, prompt, {**fields, **session}))
+
+    def list_schedules(self, *, limit: int = 50, page_token: str | None = None) -> SchedulePage:
+        """One page of the owner's schedules, newest first."""
+        return self._call(_core.list_schedules(limit, page_token))
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        return self._call(_core.get_schedule(schedule_id))
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> Schedule:
+        """Change the fields given by keyword (`cron`, `enabled`, `tools`, ...); None clears a
+        session field or the title."""
+        return self._call(_core.update_schedule(schedule_id, changes))
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        """No tick fires until it is resumed (the ticks in between never do)."""
+        return self._call(_core.update_schedule(schedule_id, {"enabled": False}))
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Fire again, from the first tick after now."""
+        return self._call(_core.update_schedule(schedule_id, {"enabled": True}))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """It fires no more; the sessions it fired stay."""
+        self._call(_core.delete_schedule(schedule_id))
+
     # --- streams -----------------------------------------------------------------------------
 
     def session_events(
@@ -504,6 +550,50 @@ class RawFerryman:
 
     def delete_assistant(self, assistant_id: str) -> None:
         self._client._call(_core.delete_assistant(assistant_id))
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    def create_schedule(
+        self,
+        cron: str,
+        prompt: str,
+        *,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        enabled: bool = True,
+        title: str | None = None,
+        **session: Any,
+    ) -> dict[str, Any]:
+        """A timetable whose every tick creates a session with `prompt`: `cron` (five fields,
+        or six with seconds first) read in `timezone`; `overlap` (skip, queue or allow) says
+        what a tick does while the last session runs. `session`: a create's fields by keyword
+        (`assistant_id`, `model`, `instructions`, `model_settings`, `tools`, ...)."""
+        fields = {"timezone": timezone, "overlap": overlap, "enabled": enabled, "title": title}
+        return self._call(_core.create_schedule(cron, prompt, {**fields, **session}))
+
+    def list_schedules(self, *, limit: int = 50, page_token: str | None = None) -> dict[str, Any]:
+        """One page of the owner's schedules, newest first."""
+        return self._call(_core.list_schedules(limit, page_token))
+
+    def get_schedule(self, schedule_id: str) -> dict[str, Any]:
+        return self._call(_core.get_schedule(schedule_id))
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> dict[str, Any]:
+        """Change the fields given by keyword (`cron`, `enabled`, `tools`, ...); None clears a
+        session field or the title."""
+        return self._call(_core.update_schedule(schedule_id, changes))
+
+    def pause_schedule(self, schedule_id: str) -> dict[str, Any]:
+        """No tick fires until it is resumed (the ticks in between never do)."""
+        return self._call(_core.update_schedule(schedule_id, {"enabled": False}))
+
+    def resume_schedule(self, schedule_id: str) -> dict[str, Any]:
+        """Fire again, from the first tick after now."""
+        return self._call(_core.update_schedule(schedule_id, {"enabled": True}))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """It fires no more; the sessions it fired stay."""
+        self._client._call(_core.delete_schedule(schedule_id))
 
 
 class AsyncFerryman(ClientBase):
@@ -724,6 +814,52 @@ class AsyncFerryman(ClientBase):
 
     async def delete_assistant(self, assistant_id: str) -> None:
         await self._call(_core.delete_assistant(assistant_id))
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    async def create_schedule(
+        self,
+        cron: str,
+        prompt: str,
+        *,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        enabled: bool = True,
+        title: str | None = None,
+        **session: Any,
+    ) -> Schedule:
+        """A timetable whose every tick creates a session with `prompt`: `cron` (five fields,
+        or six with seconds first) read in `timezone`; `overlap` (skip, queue or allow) says
+        what a tick does while the last session runs. `session`: a create's fields by keyword
+        (`assistant_id`, `model`, `instructions`, `model_settings`, `tools`, ...)."""
+        fields = {"timezone": timezone, "overlap": overlap, "enabled": enabled, "title": title}
+        return await self._call(_core.create_schedule(cron, prompt, {**fields, **session}))
+
+    async def list_schedules(
+        self, *, limit: int = 50, page_token: str | None = None
+    ) -> SchedulePage:
+        """One page of the owner's schedules, newest first."""
+        return await self._call(_core.list_schedules(limit, page_token))
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        return await self._call(_core.get_schedule(schedule_id))
+
+    async def update_schedule(self, schedule_id: str, **changes: Any) -> Schedule:
+        """Change the fields given by keyword (`cron`, `enabled`, `tools`, ...); None clears a
+        session field or the title."""
+        return await self._call(_core.update_schedule(schedule_id, changes))
+
+    async def pause_schedule(self, schedule_id: str) -> Schedule:
+        """No tick fires until it is resumed (the ticks in between never do)."""
+        return await self._call(_core.update_schedule(schedule_id, {"enabled": False}))
+
+    async def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Fire again, from the first tick after now."""
+        return await self._call(_core.update_schedule(schedule_id, {"enabled": True}))
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """It fires no more; the sessions it fired stay."""
+        await self._call(_core.delete_schedule(schedule_id))
 
     # --- streams -----------------------------------------------------------------------------
 

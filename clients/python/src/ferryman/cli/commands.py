@@ -1,4 +1,5 @@
-"""The client commands: run, follow, watch, tools, sessions ... (assistants: cli/assistants.py).
+"""The client commands: run, follow, watch, tools, sessions ... (assistants: cli/assistants.py;
+schedules: cli/schedules.py).
 
 They stand on the SDK alone, never on the server's modules, so they start fast and
 work against any Ferryman URL: FERRYMAN_URL (default http://127.0.0.1:8000) and
@@ -1147,6 +1148,8 @@ follow_command.help = _with_exit_codes(follow_command, exit_codes_help())
 def register(cli: click.Group) -> None:
     """Add the client commands to `cli`."""
     from ferryman.cli.assistants import assistants_cli
+    from ferryman.cli.schedules import schedules_cli
 
-    for command in (run, follow_command, watch, tools_command, sessions_cli, assistants_cli):
+    commands = (run, follow_command, watch, tools_command, sessions_cli, assistants_cli)
+    for command in (*commands, schedules_cli):
         cli.add_command(command)

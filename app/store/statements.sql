@@ -37,13 +37,24 @@ SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata, v.compaction
+v.metadata, v.compaction, v.delegates, v.script
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id
 WHERE a.id = %(id)s AND (%(before)s::integer IS NULL OR v.version < %(before)s)
 ORDER BY v.version DESC
 LIMIT %(limit)s;
+
+-- name: child_of_call
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
+FROM sessions
+   WHERE parent_session_id = %s AND parent_tool_call_id = %s;
 
 -- name: chunks_after
 SELECT after_seq, chunk, text, created_at FROM session_deltas
@@ -76,7 +87,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -137,7 +148,8 @@ WHERE owner_id = %(owner)s AND deleted_at IS NULL
 -- name: count_undelivered
 SELECT count(*) AS n FROM sessions, LATERAL (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
-      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
+      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result',
+                     'delegate_result')
       AND e.seq > greatest(sessions.delivered_seq, %(delivered)s)) e
 WHERE sessions.id = %(session_id)s;
 
@@ -151,7 +163,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -174,14 +187,28 @@ SELECT * FROM s;
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
-                      assistant_version, client_tools, compaction)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                      assistant_version, client_tools, compaction, delegates,
+                      parent_session_id, parent_tool_call_id, depth)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
+DO NOTHING
 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth;
+
+-- name: delegate_graph
+SELECT a.id::text AS id, v.delegates
+FROM assistants a JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %s AND a.deleted_at IS NULL AND v.delegates IS NOT NULL;
+
+-- name: delegate_names
+SELECT a.id, v.name, v.description
+FROM assistants a JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %s AND a.id = ANY(%s::uuid[]) AND a.deleted_at IS NULL;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -209,7 +236,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -236,7 +264,7 @@ SELECT * FROM forked;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata, v.compaction
+v.metadata, v.compaction, v.delegates, v.script
 
 FROM assistants a
 JOIN assistant_versions v
@@ -249,7 +277,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -259,16 +288,18 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
-                                metadata, compaction)
+                                metadata, compaction, delegates, script)
 VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s);
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s,
+        %(delegates)s, %(script)s);
 
 -- name: list_sessions
 SELECT
@@ -276,7 +307,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -290,6 +322,10 @@ LISTEN ferryman;
 
 -- name: listen_ferryman_runs
 LISTEN ferryman_runs;
+
+-- name: live_children
+SELECT id, status FROM sessions WHERE parent_session_id = %s AND deleted_at IS NULL
+ORDER BY created_at, id;
 
 -- name: live_tool_catalog
 WITH live AS (
@@ -315,6 +351,10 @@ WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
 
+-- name: lock_parent
+SELECT FROM sessions
+WHERE id = (SELECT parent_session_id FROM sessions WHERE id = %s) FOR UPDATE;
+
 -- name: merge_thread_metadata
 UPDATE sessions SET metadata = metadata || %s, updated_at = clock_timestamp()
 WHERE id = %s RETURNING
@@ -322,7 +362,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -354,6 +395,13 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
+
+-- name: parent_for_answer
+SELECT p.id, p.status, (
+    SELECT e.data->>'text' FROM session_events e
+    WHERE e.session_id = %(child)s AND e.type = 'assistant_message'
+    ORDER BY e.seq DESC LIMIT 1) AS answer
+FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL;
 
 -- name: publish_deltas
 WITH chunk AS (
@@ -393,7 +441,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -402,7 +451,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -411,7 +461,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: run_write
 WITH bumped AS (
@@ -489,7 +540,8 @@ WITH bumped AS (
       AND last_seq = %(expected_last_seq)s AND cancel_requested_at IS NULL
       AND NOT EXISTS (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
-      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
+      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result',
+                     'delegate_result')
       AND e.seq > greatest(sessions.delivered_seq, %(delivered_seq)s::bigint))
     RETURNING id, owner_id, last_seq, attempt
 ), appended AS (
@@ -536,7 +588,7 @@ SELECT (SELECT count(*) FROM bumped) AS written, (SELECT max(seq) FROM appended)
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata, v.compaction
+v.metadata, v.compaction, v.delegates, v.script
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
@@ -554,7 +606,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -569,7 +622,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -584,7 +638,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -599,7 +654,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -614,7 +670,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -629,7 +686,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -644,7 +702,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -659,7 +718,8 @@ SELECT
    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -674,7 +734,8 @@ SELECT
     error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+    delegates, parent_session_id, parent_tool_call_id, depth
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -711,7 +772,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -739,7 +801,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -769,7 +832,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -806,7 +870,8 @@ id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, ac
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+delegates, parent_session_id, parent_tool_call_id, depth
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)

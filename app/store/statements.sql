@@ -434,6 +434,7 @@ UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
                     approval_required = %(approval_required)s,
                     client_tools = %(client_tools)s, compaction = %(compaction)s,
+                    delegates = %(delegates)s,
                     assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                     updated_at = clock_timestamp()
 WHERE id = %(id)s RETURNING
@@ -859,7 +860,7 @@ WITH s AS (
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s, title = %(title)s,
                         client_tools = %(client_tools)s, compaction = %(compaction)s,
-                        assistant_id = %(assistant_id)s,
+                        delegates = %(delegates)s, assistant_id = %(assistant_id)s,
                         assistant_version = %(assistant_version)s, prompt = %(text)s,
                         status = 'queued', error = NULL, cancel_requested_at = NULL,
                         last_seq = 1, updated_at = clock_timestamp()

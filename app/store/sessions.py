@@ -198,7 +198,10 @@ class NewSession:
             return request_fingerprint(self.request)
         # Fields left at their defaults are left out, so a request hashes as it did before
         # those fields existed (a create retried across an upgrade is still a replay).
-        return _hash({k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v})
+        fields = {k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v}
+        if self.delegates:  # the ids asked for, not their tool names (a rename in between)
+            fields["delegates"] = [d["assistantId"] for d in self.delegates]
+        return _hash(fields)
 
 
 def request_fingerprint(request: dict[str, Any]) -> str:

@@ -164,6 +164,32 @@ async def test_a_worker_killed_while_the_child_runs_makes_no_second_child(
     assert [str(c["id"]) for c in await children(isolated_db, sid)] == [child]
 
 
+async def test_a_child_failed_by_its_claim_answers_the_parent(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    """A child settled by a claim (MAX_ATTEMPTS_EXCEEDED after a crash), not by a run of its
+    own, answers its parent too: every end goes through `settling.finish`."""
+    env = {"FERRYMAN_MAX_ATTEMPTS": "1"}
+    victim = start_worker(env=env)
+    await ready(victim)
+    async with client(api.url, key) as http:
+        slow = await assistant(http, "Crashy", script=sleep_then("never", 30))
+        script = [{"toolCalls": [call("agent__crashy", "x")]}, {"text": "went on"}]
+        sid = await new_session(http, script=script, delegates=[slow])
+        (made,) = await delegate_calls(http, sid)
+        await wait_event(http, made["childSessionId"], lambda e: e["type"] == "tool_call_start")
+        victim.signal(signal.SIGKILL)
+        await ready(start_worker(env=env))
+        child = await wait_for_status(http, made["childSessionId"], TERMINAL)
+        done = await wait_for_status(http, sid, TERMINAL)
+        events = await transcript(http, sid)
+    assert child["error"]["code"] == "MAX_ATTEMPTS_EXCEEDED"
+    assert done["status"] == "succeeded"
+    (result,) = of_type(events, "tool_result")
+    assert result["data"]["isError"] is True
+    assert "MAX_ATTEMPTS_EXCEEDED" in result["data"]["content"]
+
+
 async def test_a_parent_killed_after_delegating_resumes_without_a_second_child(
     api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
 ) -> None:

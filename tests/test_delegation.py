@@ -31,6 +31,7 @@ from tests.support import (
     wait_event,
     wait_for_status,
 )
+from tests.test_openapi import check
 
 
 def sleep_then(text: str, seconds: float) -> list[dict[str, Any]]:
@@ -86,6 +87,11 @@ async def test_two_delegates_run_in_parallel_and_the_parent_resumes_with_both(
         events = await transcript(http, sid)
         kids = [(await http.get(f"/api/agent/{c['childSessionId']}")).json() for c in calls]
         child_logs = [await transcript(http, c["childSessionId"]) for c in calls]
+        # The new events and fields fit docs/openapi.json.
+        for session_id in (sid, *(c["childSessionId"] for c in calls)):
+            check(await http.get(f"/api/agent/{session_id}"))
+            check(await http.get(f"/api/agent/{session_id}/transcript"))
+        check(await http.get(f"/api/assistants/{researcher}"))
     assert done["status"] == "succeeded"
     assert [c["name"] for c in calls] == ["agent__researcher", "agent__writer"]
     results = {r["data"]["toolCallId"]: r["data"] for r in of_type(events, "tool_result")}

@@ -435,8 +435,10 @@ class Assistant(BaseModel):
     delegates: list[Uuid] | None = Field(
         default=None, exclude_if=lambda v: v is None, description="Absent: none."
     )
-    script: list[ScriptTurn] | None = Field(
-        default=None, exclude_if=lambda v: v is None, description="Absent: none."
+    script: list[dict[str, Any]] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The scripted model's turns as given (ScriptTurn); absent: none.",
     )
     version: int = Field(description="1 at create; each PATCH writes the next.")
     createdAt: DateTime

@@ -420,8 +420,10 @@ export interface components {
             compaction?: components["schemas"]["Compaction"] | null;
             /** @description Absent: none. */
             delegates?: string[] | null;
-            /** @description Absent: none. */
-            script?: components["schemas"]["ScriptTurn"][] | null;
+            /** @description The scripted model's turns as given (ScriptTurn); absent: none. */
+            script?: {
+                [key: string]: unknown;
+            }[] | null;
             /** @description 1 at create; each PATCH writes the next. */
             version: number;
             /**

@@ -308,6 +308,23 @@ async def test_a_child_at_the_depth_limit_is_offered_no_delegates(
     assert await children(isolated_db, made["childSessionId"]) == []
 
 
+async def test_a_call_without_a_task_makes_no_child(
+    api: ServerProcess, isolated_db: str, key: str, start_worker: StartWorker
+) -> None:
+    await ready(start_worker())
+    async with client(api.url, key) as http:
+        helper = await assistant(http, "Helper")
+        script = [{"toolCalls": [call("agent__helper", "")]}, {"text": "fine"}]
+        sid = await new_session(http, script=script, delegates=[helper])
+        assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
+        events = await transcript(http, sid)
+    (refused,) = of_type(events, "tool_result")
+    assert refused["data"]["isError"] is True
+    assert refused["data"]["content"].startswith("invalid arguments")
+    assert of_type(events, "delegate_call") == []
+    assert await children(isolated_db, sid) == []
+
+
 # --- the pure parts ---------------------------------------------------------------------------
 
 graphs = st.dictionaries(st.integers(0, 7), st.lists(st.integers(0, 7), max_size=4), max_size=8)

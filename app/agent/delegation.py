@@ -13,13 +13,22 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from app.agent.conversation import ToolResult
+from app.domain import MAX_PROMPT_CHARS
 
 TOOL_PREFIX = "agent__"
 # Tool names stay within what every provider takes (`^[a-zA-Z0-9_-]{1,64}$`).
 _MAX_TOOL_NAME = 64
+# The task becomes the child's prompt: a prompt's length (MAX_PROMPT_CHARS).
 TASK_PARAMETERS: dict[str, Any] = {
     "type": "object",
-    "properties": {"task": {"type": "string", "description": "What the assistant is to do."}},
+    "properties": {
+        "task": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_PROMPT_CHARS,
+            "description": "What the assistant is to do.",
+        }
+    },
     "required": ["task"],
 }
 

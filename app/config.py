@@ -151,6 +151,8 @@ class Settings(BaseSettings):
     # A tool result longer than this is shown to the model cut, with a marker (the log keeps
     # it whole): one result must not fill the context window (docs/compaction.md).
     model_tool_result_max_chars: int = Field(default=50_000, ge=1000)
+    # A session this many delegations deep is offered no delegates (docs/delegation.md).
+    max_agent_depth: int = Field(default=3, ge=0, le=32)
 
     # Local mode answers only local pages: loopback Host names, and these extra ones (a name
     # in /etc/hosts that points to 127.0.0.1, say), comma-separated.

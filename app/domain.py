@@ -36,6 +36,8 @@ MAX_METADATA_BYTES = 16_384
 MAX_JSON_DEPTH = 32
 MAX_SCRIPT_TURNS = 200
 MAX_TOOLS = 64
+# Assistants one session or assistant may delegate to (docs/delegation.md).
+MAX_DELEGATES = 16
 # Tools a client declares for a session (`clientTools`, AG-UI's `tools`): how many, and their
 # declarations together as compact JSON (each schema is sent to the model on every turn).
 MAX_CLIENT_TOOLS = 64
@@ -144,6 +146,11 @@ class SessionEventType(StrEnum):
     SESSION_COMPACTED = "session_compacted"
     # `POST /compact`: the next run step compacts (the API's write; the run honours it).
     COMPACTION_REQUESTED = "compaction_requested"
+    # A call of a delegate (docs/delegation.md): its child session was made with it; the
+    # session waits for the child's end.
+    DELEGATE_CALL = "delegate_call"
+    # A child's end, written by the child's final transaction (the run answers the call with it).
+    DELEGATE_RESULT = "delegate_result"
 
 
 class SessionErrorCode(StrEnum):
@@ -219,6 +226,13 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
             "id": str(row["schedule_id"]),
             "firedAt": rfc3339(row["schedule_fired_at"]),
         }
+    if row.get("delegates") is not None:  # shown only when given (docs/delegation.md)
+        view["delegates"] = [d["assistantId"] for d in row["delegates"]]
+    if row.get("parent_session_id") is not None:  # a delegate's child
+        view["parent"] = {
+            "sessionId": str(row["parent_session_id"]),
+            "toolCallId": row["parent_tool_call_id"],
+        }
     return view
 
 
@@ -242,7 +256,7 @@ def fork_status(last_type: str, last_data: dict[str, Any], edited: bool) -> Stat
 def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
     """The Assistant object of SPEC section 8, camelCase, from an assistant joined with one of
     its versions (store/assistants.py); `updatedAt` is when that version was written."""
-    return {
+    view = {
         "id": str(row["id"]),
         "name": row["name"],
         "description": row["description"],
@@ -257,6 +271,11 @@ def assistant_view(row: dict[str, Any]) -> dict[str, Any]:
         "createdAt": rfc3339(row["created_at"]),
         "updatedAt": rfc3339(row["updated_at"]),
     }
+    # Shown only when set, so assistants without them read as before (docs/delegation.md).
+    for key in ("delegates", "script"):
+        if row.get(key):
+            view[key] = row[key]
+    return view
 
 
 def schedule_view(row: dict[str, Any], firings: list[dict[str, Any]]) -> dict[str, Any]:

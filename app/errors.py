@@ -39,6 +39,7 @@ class ProblemCode(StrEnum):
     FORK_SEQ_OUT_OF_RANGE = "FORK_SEQ_OUT_OF_RANGE"
     FORK_NOT_USER_MESSAGE = "FORK_NOT_USER_MESSAGE"
     FORK_TOO_LONG = "FORK_TOO_LONG"
+    DELEGATE_CYCLE = "DELEGATE_CYCLE"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
@@ -154,6 +155,15 @@ class ClientToolNotPending(FerrymanError):
 def _at_seq_errors(detail: str, kind: str) -> list[dict[str, str]]:
     """A fork's `atSeq` at fault, listed as a validation error's fields are."""
     return [{"field": "atSeq", "message": detail, "type": kind}]
+
+
+class DelegateCycle(FerrymanError):
+    status, code, title = 422, ProblemCode.DELEGATE_CYCLE, "Unprocessable Content"
+
+    def __init__(self, cycle: list[str]) -> None:
+        detail = "delegates would make a cycle of assistants: " + " -> ".join(cycle)
+        errors = [{"field": "delegates", "message": detail, "type": "cycle"}]
+        super().__init__(detail, cycle=cycle, errors=errors)
 
 
 class ForkSeqOutOfRange(FerrymanError):

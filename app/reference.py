@@ -137,6 +137,8 @@ SETTINGS: dict[str, str] = {
     " they are logged (a user message never is).",
     "model_tool_result_max_chars": "A tool result longer than this is shown to the model cut,"
     " with a marker; the log keeps it whole (docs/compaction.md).",
+    "max_agent_depth": "A delegate's child this many delegations below the session a person"
+    " made is offered no delegate tools: chains of agents stop there (docs/delegation.md).",
     "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
     "cors_origins": "Origins (`https://app.example.com`) whose browser pages may call the API"
     " (CORS), comma-separated; `*` for any. Keys travel in headers, never cookies.",
@@ -187,6 +189,7 @@ NAMED_LIMITS: dict[str, str] = {
     " `text`, in characters.",
     "MAX_TITLE_CHARS": "A session's `title`, in characters.",
     "MAX_FORK_EVENTS": "Events a fork copies: its `atSeq` (docs/fork.md).",
+    "MAX_DELEGATES": "Assistants in one session's or assistant's `delegates` (docs/delegation.md).",
     "MAX_METADATA_BYTES": "A session's `metadata` (and a scripted call's `arguments`), as"
     " compact JSON, in bytes.",
     "MAX_JSON_DEPTH": "Nesting of `metadata` and tool arguments, in levels.",
@@ -329,6 +332,11 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.FORK_TOO_LONG: (
         422,
         "A fork's `atSeq` over `MAX_FORK_EVENTS`: the history it would copy is too long.",
+    ),
+    ProblemCode.DELEGATE_CYCLE: (
+        422,
+        "A session's or assistant's `delegates` would let a chain of assistants come back to"
+        " one already on it (`cycle` lists it).",
     ),
     ProblemCode.FORK_NOT_USER_MESSAGE: (
         422,

@@ -21,6 +21,9 @@ from ag_ui.core import (
     MessagesSnapshotEvent,
     RunFinishedEvent,
     RunStartedEvent,
+    SubagentErrorEvent,
+    SubagentFinishedEvent,
+    SubagentStartedEvent,
     TextMessageContentEvent,
     ToolCallArgsEvent,
     ToolCallResultEvent,
@@ -321,6 +324,45 @@ async def test_a_provider_retry_is_a_custom_event(
     # The abandoned turn's text message and step ended at the retry; the retry streams anew.
     assert of(events, TextMessageContentEvent)[-1].delta
     assert isinstance(events[-1], RunFinishedEvent)
+
+
+async def test_delegates_are_subagents_of_the_run(
+    http: httpx.AsyncClient, start_worker: StartWorker
+) -> None:
+    """A delegate call's child is a subagent of the parent's run (docs/delegation.md): the run
+    stays open while the parent waits on its children, and goes on with their ends."""
+    await ready(start_worker())
+
+    async def stored(name: str, **body: Any) -> str:
+        made = await http.post("/api/assistants", json={"name": name, "model": "scripted", **body})
+        assert made.status_code == 201, made.text
+        return str(made.json()["id"])
+
+    helper = await stored("Helper", script=[{"text": "helped"}])
+    broken = await stored("Broken", model="openai:nowhere")
+    calls = [
+        {"name": f"agent__{name}", "arguments": {"task": name}} for name in ("helper", "broken")
+    ]
+    planner = await stored(
+        "Planner", delegates=[helper, broken], script=[{"toolCalls": calls}, {"text": "planned"}]
+    )
+    tid = str(uuid.uuid4())
+    events = await run(http, f"/ag-ui/assistants/{planner}", run_input(tid, [user("plan")]))
+    (started_helper, started_broken) = of(events, SubagentStartedEvent)
+    assert [s.name for s in (started_helper, started_broken)] == ["agent__helper", "agent__broken"]
+    calls_made = [c.tool_call_id for c in of(events, ToolCallStartEvent)]
+    assert [started_helper.parent_tool_call_id, started_broken.parent_tool_call_id] == calls_made
+    (finished,) = of(events, SubagentFinishedEvent)
+    assert finished.subagent_run_id == started_helper.subagent_run_id
+    assert finished.result == "helped"
+    (failed,) = of(events, SubagentErrorEvent)
+    assert failed.subagent_run_id == started_broken.subagent_run_id
+    results = {r.tool_call_id: r.content for r in of(events, ToolCallResultEvent)}
+    assert results[calls_made[0]] == "helped"
+    assert streamed_text(events).endswith("planned")
+    assert isinstance(events[-1], RunFinishedEvent)
+    child = (await http.get(f"/api/agent/{started_helper.subagent_run_id}")).json()
+    assert child["parent"] == {"sessionId": tid, "toolCallId": calls_made[0]}
 
 
 async def test_a_stored_assistant_and_what_is_refused(

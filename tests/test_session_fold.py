@@ -339,3 +339,21 @@ def test_a_delta_of_a_turn_that_ended_is_stale_and_the_cursor_holds_chunks() -> 
     assert not folding.apply(chunk(2, 2, " late"))  # a chunk after its final message
     assert (folding.draft, folding.cursor) == (None, 3)
     assert [m.text for m in folding.messages] == ["Whole"]
+
+
+def test_a_delegate_call_runs_until_its_result_and_names_its_child() -> None:
+    """docs/delegation.md: `delegate_call` starts the call with its child session's id; the
+    `tool_result` the parent writes at the child's end settles it."""
+    call = {"id": "c1", "name": "agent__researcher", "arguments": {"task": "look"}}
+    folding = SessionFold()
+    folding.apply(durable(1, "assistant_message", {"text": "", "toolCalls": [call]}))
+    made = {"toolCallId": "c1", "name": call["name"], "arguments": call["arguments"]}
+    folding.apply(durable(2, "delegate_call", {**made, "childSessionId": "k1"}))
+    assert folding.tool_calls["c1"].status == "running"
+    assert folding.tool_calls["c1"].child_session_id == "k1"
+    end = {"toolCallId": "c1", "childSessionId": "k1", "status": "succeeded", "answer": "A"}
+    folding.apply(durable(3, "delegate_result", end))
+    result = {"toolCallId": "c1", "name": call["name"], "isError": False, "content": "A"}
+    folding.apply(durable(4, "tool_result", result))
+    settled = folding.tool_calls["c1"]
+    assert (settled.status, settled.result, settled.child_session_id) == ("succeeded", "A", "k1")

@@ -41,7 +41,7 @@ PageToken = Annotated[str | None, Query(alias="pageToken", max_length=512)]
 async def create_assistant(
     body: schemas.CreateAssistant, owner: Owner, services: ServicesDep, response: Response
 ) -> dict[str, Any]:
-    definition = await assistant_definition(services, body)
+    definition = await assistant_definition(services, body, owner)
     async with services.db.transaction() as conn:
         row = await assistant_store.create(conn, owner, definition)
     response.headers["Location"] = f"/api/assistants/{row['id']}"

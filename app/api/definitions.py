@@ -10,12 +10,14 @@ from uuid import UUID
 
 from fastapi.exceptions import RequestValidationError
 
+from app.agent.delegation import find_cycle
 from app.api import schemas
 from app.api.tool_names import check_tool_names
 from app.domain import default_title
-from app.errors import AssistantNotFound
+from app.errors import AssistantNotFound, DelegateCycle
 from app.services import Services
 from app.store import assistants as assistant_store
+from app.store import delegation as delegation_store
 from app.store.assistants import AssistantDefinition
 from app.store.sessions import NewSession, request_fingerprint
 
@@ -30,6 +32,8 @@ _ASSISTANT_FIELDS = {
     "approvalRequired": "approval_required",
     "metadata": "metadata",
     "compaction": "compaction",
+    "delegates": "delegates",
+    "script": "script",
 }
 
 
@@ -67,13 +71,14 @@ async def resolve_session(
         check_tool_choice(model_settings, tools)
     await check_tool_names(services, tools, approval_required, model_settings)
     client_tools = _client_tools(services, body, tools)
+    delegate_ids = body.delegates if body.delegates is not None else base.get("delegates")
+    node = None if pinned is None else str(pinned["id"])
+    delegates = await check_delegates(services, owner, delegate_ids, node)
     return NewSession(
         prompt=body.prompt,
         title=body.title or default_title(body.prompt or ""),
         model=body.model or base.get("model") or services.settings.model,
-        script=[turn.model_dump(exclude_none=True) for turn in body.script]
-        if body.script is not None
-        else None,
+        script=_script(body.script) if body.script is not None else base.get("script"),
         tools=tools,
         metadata=body.metadata or {},
         instructions=body.instructions
@@ -88,7 +93,38 @@ async def resolve_session(
         compaction=body.compaction_dict()
         if body.compaction is not None
         else base.get("compaction"),
+        delegates=delegates,
     )
+
+
+async def check_delegates(
+    services: Services, owner: str, ids: list[str] | None, node: str | None
+) -> list[dict[str, Any]] | None:
+    """`ids` resolved as a definition stores them (None: none), after the checks: 422 naming
+    the ids that are none of the owner's assistants, DelegateCycle (422) when a chain of
+    delegates through the stored assistants would come back to one on it. `node`: the
+    assistant whose definition this is, if any (a chain back to it is a cycle too)."""
+    if not ids:
+        return None
+    async with services.db.connection() as conn:
+        resolved, missing = await delegation_store.resolve(conn, owner, ids)
+        graph = await delegation_store.graph(conn, owner) if not missing else {}
+    if missing:
+        raise invalid_field(
+            "delegates", f"names no assistant of yours: {', '.join(missing)}", missing
+        )
+    root = node or "(this session)"
+    graph[root] = [d["assistantId"] for d in resolved]
+    cycle = find_cycle(graph, root)
+    if cycle is not None:
+        raise DelegateCycle(cycle)
+    return resolved
+
+
+def invalid_field(name: str, message: str, value: Any) -> RequestValidationError:
+    """A 422 VALIDATION_ERROR naming one field of the body."""
+    error = {"type": "value_error", "loc": ("body", name), "msg": message, "input": value}
+    return RequestValidationError([error])
 
 
 def _client_tools(
@@ -101,15 +137,8 @@ def _client_tools(
     server = set(tools if tools is not None else services.local_tools().names())
     taken = [t.name for t in body.clientTools if t.name in server]
     if taken:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "value_error",
-                    "loc": ("body", "clientTools"),
-                    "msg": f"names server tools of the session: {', '.join(taken)}",
-                    "input": taken,
-                }
-            ]
+        raise invalid_field(
+            "clientTools", f"names server tools of the session: {', '.join(taken)}", taken
         )
     return [t.model_dump() for t in body.clientTools]
 
@@ -123,11 +152,16 @@ def assistant_request_fingerprint(body: schemas.CreateSession) -> str | None:
 
 
 async def assistant_definition(
-    services: Services, body: schemas.CreateAssistant
+    services: Services, body: schemas.CreateAssistant, owner: str | None = None
 ) -> AssistantDefinition:
-    """The definition a create body gives, its tool names checked."""
+    """The definition a create body gives, its tool names (and, for `owner`, its delegates)
+    checked."""
     settings = body.settings_dict() or {}
     await check_tool_names(services, body.tools, body.approvalRequired, settings)
+    delegates = None
+    if owner is not None:
+        resolved = await check_delegates(services, owner, body.delegates, None)
+        delegates = [d["assistantId"] for d in resolved or ()] or None
     return AssistantDefinition(
         name=body.name,
         model=body.model,
@@ -138,7 +172,13 @@ async def assistant_definition(
         approval_required=body.approvalRequired,
         metadata=body.metadata or {},
         compaction=body.compaction_dict(),
+        delegates=delegates,
+        script=_script(body.script),
     )
+
+
+def _script(script: list[schemas.ScriptTurn] | None) -> list[dict[str, Any]] | None:
+    return None if script is None else [turn.model_dump(exclude_none=True) for turn in script]
 
 
 async def assistant_changes(
@@ -155,6 +195,12 @@ async def assistant_changes(
         changes["metadata"] = body.metadata or {}
     if "compaction" in body.model_fields_set:
         changes["compaction"] = body.compaction_dict()
+    if "script" in body.model_fields_set:
+        changes["script"] = _script(body.script)
+    if "delegates" in body.model_fields_set:
+        node = str(latest["id"])
+        resolved = await check_delegates(services, latest["owner_id"], body.delegates, node)
+        changes["delegates"] = [d["assistantId"] for d in resolved or ()] or None
     merged = {**assistant_store.definition_of(latest), **changes}
     check_tool_choice(merged["model_settings"], merged["tools"])
     await check_tool_names(

@@ -164,6 +164,23 @@ class ClientToolResultData(OpensRun):
     isError: bool
 
 
+class DelegateCallData(ClientToolCallData):
+    """A call of a delegate (docs/delegation.md): its child session was made with it."""
+
+    assistantId: Uuid = Field(description="The assistant the child runs.")
+    childSessionId: Uuid = Field(description="The child session, `parent` of which is this call.")
+
+
+class DelegateResultData(Data):
+    """The child's end, written by its final transaction: the run answers the call with it."""
+
+    toolCallId: str
+    childSessionId: Uuid
+    status: Status = Field(description="succeeded, failed or cancelled.")
+    answer: str | None = Field(default=None, description="When succeeded: its final answer.")
+    error: SessionError | None = None
+
+
 class SessionInterruptedData(Data):
     reason: str = Field(description='`"shutdown"`: the worker handed the session over.')
 
@@ -253,6 +270,8 @@ _SESSION_DATA: dict[SessionEventType, type[Data]] = {
     SessionEventType.SESSION_END: SessionEndData,
     SessionEventType.SESSION_COMPACTED: SessionCompactedData,
     SessionEventType.COMPACTION_REQUESTED: CompactionRequestedData,
+    SessionEventType.DELEGATE_CALL: DelegateCallData,
+    SessionEventType.DELEGATE_RESULT: DelegateResultData,
 }
 
 

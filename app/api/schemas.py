@@ -25,6 +25,7 @@ from app.domain import (
     MAX_ASSISTANT_VERSIONS,
     MAX_CLIENT_TOOLS,
     MAX_CLIENT_TOOLS_BYTES,
+    MAX_DELEGATES,
     MAX_INSTRUCTIONS_CHARS,
     MAX_JSON_DEPTH,
     MAX_KEEP_RECENT_TURNS,
@@ -222,6 +223,9 @@ class Compaction(Request):
     )
 
 
+AssistantId = Annotated[Text, Field(min_length=1, max_length=100)]
+
+
 class Definition(Request):
     """The agent definition a session runs with, and an assistant stores."""
 
@@ -252,6 +256,13 @@ class Definition(Request):
 
     compaction: Compaction | None = Field(
         default=None, description="When the conversation is summarized (docs/compaction.md)."
+    )
+    delegates: list[AssistantId] | None = Field(
+        default=None,
+        max_length=MAX_DELEGATES,
+        description="Assistants (ids, yours) it may hand work to: each is offered to the model"
+        " as a tool `agent__<name>` taking `{task}`, whose call runs a child session from that"
+        " assistant (docs/delegation.md). 422 for an unknown one or a cycle.",
     )
 
     def settings_dict(self) -> dict[str, Any] | None:
@@ -364,6 +375,12 @@ AssistantDescription = Annotated[Text, Field(max_length=MAX_ASSISTANT_DESCRIPTIO
 
 class CreateAssistant(Definition):
     name: AssistantName
+    script: list[ScriptTurn] | None = Field(
+        default=None,
+        max_length=MAX_SCRIPT_TURNS,
+        description="The scripted model's turns for its sessions that give none (its"
+        " delegates' children among them).",
+    )
     description: AssistantDescription | None = None
     model: str = Field(  # required here, optional on a session
         pattern=MODEL_NAME_PATTERN,
@@ -393,6 +410,7 @@ class UpdateAssistant(Definition, Changes):
     name: AssistantName | None = None
     description: AssistantDescription | None = None
     metadata: JsonObject | None = None
+    script: list[ScriptTurn] | None = Field(default=None, max_length=MAX_SCRIPT_TURNS)
 
     @field_validator("name", "model", mode="before")
     @classmethod
@@ -419,6 +437,14 @@ class Assistant(BaseModel):
     metadata: dict[str, Any]
     compaction: Compaction | None = Field(
         default=None, description="Taken by its sessions unless they give their own."
+    )
+    delegates: list[Uuid] | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="Absent: none."
+    )
+    script: list[dict[str, Any]] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The scripted model's turns as given (ScriptTurn); absent: none.",
     )
     version: int = Field(description="1 at create; each PATCH writes the next.")
     createdAt: DateTime
@@ -565,6 +591,10 @@ class Problem(BaseModel):
     eventType: str = Field(
         default="", description="With FORK_NOT_USER_MESSAGE: the type of the event at `atSeq`."
     )
+    cycle: list[str] = Field(
+        default_factory=list,
+        description="With DELEGATE_CYCLE: the chain of assistant ids, the repeated one last.",
+    )
 
 
 class SessionError(BaseModel):
@@ -585,6 +615,11 @@ class Lease(BaseModel):
 class ForkedFrom(BaseModel):
     sessionId: Uuid = Field(description="The session it was forked from.")
     seq: int = Field(description="The parent's seq the fork was made at (its `atSeq`).")
+
+
+class Parent(BaseModel):
+    sessionId: Uuid = Field(description="The session whose delegate call made this one.")
+    toolCallId: str = Field(description="That call's id: one child per call.")
 
 
 class Session(BaseModel):
@@ -632,6 +667,16 @@ class Session(BaseModel):
         default=None,
         exclude_if=lambda v: v is None,
         description="Where a fork's history came from (absent: not a fork).",
+    )
+    delegates: list[Uuid] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The assistants it may delegate to (absent: none).",
+    )
+    parent: Parent | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The delegate call that made it (absent: not a delegate's child).",
     )
     schedule: ScheduleRef | None = Field(
         default=None,

@@ -10,10 +10,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from prometheus_client import Counter
 
+from app.agent import delegation
 from app.agent.approvals import (
     Approval,
     ClientResult,
@@ -63,10 +64,12 @@ from app.domain import OwnerEventType, SessionErrorCode, SessionEventType, Statu
 from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
 from app.runtime.writes import RunWrites
+from app.store import delegation as delegation_store
 from app.store import events as event_store
+from app.store import sessions as session_store
 from app.store import settling
 from app.store.events import Fence, fence_errors
-from app.store.run_writes import Batch, Write, get_note
+from app.store.run_writes import Batch, Write, get_note, send_batch
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,8 @@ class RunContext:
     writes: RunWrites
     # Tool results are shown to the model cut to this (FERRYMAN_MODEL_TOOL_RESULT_MAX_CHARS).
     tool_result_max_chars: int = 50_000
+    # A session this many delegations deep is offered no delegates (FERRYMAN_MAX_AGENT_DEPTH).
+    max_agent_depth: int = 3
 
 
 @dataclass
@@ -133,6 +138,12 @@ class Run:
     client_tools: dict[str, Tool] = field(default_factory=dict)
     client_calls: list[ToolCall] = field(default_factory=list)
     client_results: dict[str, ClientResult] = field(default_factory=dict)
+    # The session's delegates as tools (docs/delegation.md), by tool name, with the assistant
+    # each names; the calls waiting for their child's end, and the ends logged so far.
+    delegate_tools: dict[str, Tool] = field(default_factory=dict)
+    delegate_ids: dict[str, str] = field(default_factory=dict)
+    delegated: list[ToolCall] = field(default_factory=list)
+    child_ends: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Writes that need not be durable before the run's next step that waits or acts (a model
     # call, a tool): they go with the next write, so a turn costs one statement, not one per
     # event. Every path from a write to such a step passes `flush()` or `finish()`.
@@ -193,7 +204,10 @@ class Run:
         """Make the pending writes (with other runs' of the worker, `RunWrites`)."""
         if not self.pending:
             return
-        row = await self.ctx.writes.send(Write(self.fence, self.session_id, self.pending))
+        self.flushed(await self.ctx.writes.send(Write(self.fence, self.session_id, self.pending)))
+
+    def flushed(self, row: dict[str, Any] | None) -> None:
+        """The pending writes are committed, with their messages' seqs."""
         if row is not None and row["seq"] is not None:
             self.sequence(int(row["seq"]) - len(self.pending.events) + 1)
         self.written(row)
@@ -232,7 +246,9 @@ class Run:
     async def finish(self, status: Status, **details: Any) -> bool:
         """End the run with the pending writes; False when a follow-up arrived that the model
         has not seen yet: the run goes on to answer it instead (the pending writes made)."""
-        if status != Status.CANCELLED:  # else a cancel was requested: `settling.finish`
+        # A cancel was requested, or a child's end answers its parent: `settling.finish`.
+        child = self.row.get("parent_session_id") is not None
+        if status == Status.WAITING or (status != Status.CANCELLED and not child):
             at_once = settling.at_once(
                 self.fence, self.row, status, self.pending, self.log_end(), **details
             )
@@ -288,6 +304,7 @@ class Run:
         messages: list[Message] = []
         started: set[str] = set()
         requested: set[str] = set()  # calls of client tools
+        delegated: set[str] = set()  # calls of delegates
         last_run_event: dict[str, Any] | None = None  # tells whether and how a run ended
         async for rows in self.read_log():
             messages.extend(conversation_from_events(rows))
@@ -298,6 +315,9 @@ class Run:
                     started.add(str(row["data"]["toolCallId"]))
                 if row["type"] == SessionEventType.CLIENT_TOOL_CALL:
                     requested.add(str(row["data"]["toolCallId"]))
+                if row["type"] == SessionEventType.DELEGATE_CALL:
+                    delegated.add(str(row["data"]["toolCallId"]))
+                self.record_child_end(row["type"], row["data"])
                 self.note_compaction(row["type"])
                 self.note_end(row)
                 if row["type"] in _RUN_EVENTS:
@@ -311,17 +331,19 @@ class Run:
             self.ctx.registry.turn_enders(),
             approvals=self.approvals,
             started=started,
-            client_calls=requested,
+            client_calls=requested | delegated,
         )
         self.conversation = list(plan.conversation)
-        self.awaiting = [c for c in plan.awaiting if c.id not in requested]
+        self.awaiting = [c for c in plan.awaiting if c.id not in requested | delegated]
         self.client_calls = [c for c in plan.awaiting if c.id in requested]
+        self.delegated = [c for c in plan.awaiting if c.id in delegated]
         self.tools = {tool.name: tool for tool in self.ctx.registry.select(self.row["tools"])}
         self.client_tools = {
             tool.name: tool
             for tool in client_tools(self.row.get("client_tools"))
             if tool.name not in self.tools
         }
+        self.offer_delegates()
         self.not_rerun = self.interrupted_side_effects(plan)
         # The run's start goes with its first write (before the model is first asked), unless
         # the claim logged it (a session's first).
@@ -381,6 +403,7 @@ class Run:
         return (
             *(tool.spec() for tool in self.tools.values()),
             *(tool.spec() for tool in self.client_tools.values()),
+            *(tool.spec() for tool in self.delegate_tools.values()),
         )
 
     async def loop(self, model: Model) -> None:
@@ -389,10 +412,10 @@ class Run:
         while True:
             self.check()
             await self.take_new_events()
-            if self.awaiting or self.client_calls:
+            if self.awaiting or self.client_calls or self.delegated:
                 if await self.settle_awaiting():
                     return
-                if self.awaiting or self.client_calls:
+                if self.awaiting or self.client_calls or self.delegated:
                     continue  # a follow-up, a decision or a result came in as the run was to wait
             await self.flush()  # what the model is told is durable before it is asked
             await self.compact_if_due(specs)  # which may take new messages
@@ -427,11 +450,16 @@ class Run:
                 return
             if reply.tool_calls:
                 self.ask_client(reply.tool_calls)
-                ours = [c for c in reply.tool_calls if c.name not in self.client_tools]
+                await self.delegate(reply.tool_calls)
+                ours = [
+                    c
+                    for c in reply.tool_calls
+                    if c.name not in self.client_tools and c.name not in self.delegate_tools
+                ]
                 self.awaiting = [c for c in ours if self.requires_approval(c)]
                 now = [c for c in ours if not self.requires_approval(c)]
                 asked = await self.run_calls(now)
-                waits = self.awaiting or self.client_calls
+                waits = self.awaiting or self.client_calls or self.delegated
                 if asked and not waits and await self.finish(Status.WAITING):
                     return
                 continue
@@ -501,7 +529,7 @@ class Run:
         self.inbox = True
         await self.take_new_events()
         await self.flush()
-        held = {c.id for c in (*self.awaiting, *self.client_calls)}
+        held = {c.id for c in (*self.awaiting, *self.client_calls, *self.delegated)}
         self.compaction_asked = False
         view = self.conversation
         cut = choose_cut(view, settings.keep_recent_turns, held)
@@ -607,6 +635,91 @@ class Run:
             self.defer(SessionEventType.CLIENT_TOOL_CALL, _call_data(call))
             self.client_calls.append(call)
 
+    # --- delegation (docs/delegation.md) ---------------------------------------------------
+
+    def offer_delegates(self) -> None:
+        """The session's delegates as tools the model may call, unless it is as deep as
+        FERRYMAN_MAX_AGENT_DEPTH allows (then it is offered none)."""
+        depth = int(self.row.get("depth") or 0)
+        if not delegation.offers_delegates(depth, self.ctx.max_agent_depth):
+            return
+        for entry in self.row.get("delegates") or ():
+            name = str(entry["tool"])
+            if name in self.tools or name in self.client_tools:
+                continue
+            self.delegate_ids[name] = str(entry["assistantId"])
+            self.delegate_tools[name] = Tool(
+                name,
+                str(entry.get("description") or ""),
+                delegation.TASK_PARAMETERS,
+                _run_by_client,
+                source="delegate",
+            )
+
+    def record_child_end(self, type_: str, data: dict[str, Any]) -> None:
+        if type_ == SessionEventType.DELEGATE_RESULT:
+            self.child_ends.setdefault(str(data["toolCallId"]), data)
+
+    async def delegate(self, calls: Iterable[ToolCall]) -> None:
+        """Make a child session for each delegate call, in the transaction that logs the
+        reply and the calls (`delegate_call`): a call is logged with its child or not at
+        all, so a resumed run never makes a second one. A call whose arguments do not fit,
+        or whose assistant is gone, is answered with the error at once."""
+        children: list[tuple[ToolCall, session_store.NewSession, UUID]] = []
+        for call in calls:
+            tool = self.delegate_tools.get(call.name)
+            if tool is None:
+                continue
+            problem = argument_problem(call, tool)
+            new = None
+            if problem is None:
+                async with self.ctx.db.connection() as conn:
+                    new = await delegation_store.child_session(
+                        conn,
+                        self.row,
+                        self.delegate_ids[call.name],
+                        call.id,
+                        str(call.arguments["task"]),
+                    )
+                if new is None:
+                    problem = "the assistant this tool delegates to no longer exists"
+            if problem is not None or new is None:
+                result = ToolResult(call.id, call.name, str(problem), is_error=True)
+                self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())
+                self.conversation.append(result)
+                continue
+            child_id = uuid4()
+            data = {**_call_data(call), "assistantId": self.delegate_ids[call.name]}
+            self.defer(SessionEventType.DELEGATE_CALL, {**data, "childSessionId": str(child_id)})
+            children.append((call, new, child_id))
+        if not children:
+            return
+        with fence_errors():
+            async with self.ctx.db.pipeline() as conn:
+                sent = await send_batch(conn, self.fence, self.session_id, self.pending)
+                for _, new, child_id in children:
+                    await session_store.create_session(
+                        conn, self.row["owner_id"], new, None, session_id=child_id
+                    )
+        self.flushed(await sent.fetchone())  # received already: no round trip
+        self.delegated.extend(call for call, _, _ in children)
+
+    def settle_delegated(self) -> None:
+        """Answer the delegate calls whose child ended, with its answer or its failure."""
+        waiting: list[ToolCall] = []
+        for call in self.delegated:
+            end = self.child_ends.get(call.id)
+            if end is None:
+                waiting.append(call)
+                continue
+            result = delegation.child_result(
+                call.id, call.name, str(end["status"]), end.get("answer"), end.get("error")
+            )
+            result = bounded_result(result, self.ctx.max_event_bytes)
+            self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())
+            self.conversation.append(result)
+        self.delegated = waiting
+
     async def settle_awaiting(self) -> bool:
         """Act on the decisions about calls that wait for approval: run the approved ones,
         answer the denied ones; answer the client calls whose result came; True when the run
@@ -620,6 +733,7 @@ class Run:
             self.defer_message(SessionEventType.TOOL_RESULT, result, wire)
             self.conversation.append(result)
         self.client_calls = list(still)
+        self.settle_delegated()
         settlement = settle(self.conversation, self.awaiting, self.approvals)
         for result in settlement.denied:
             self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())
@@ -627,9 +741,9 @@ class Run:
         asked = await self.run_calls(settlement.run)
         self.awaiting = list(settlement.pending)
         # Results in call order, after their call, whatever order they were decided in.
-        held = {c.id for c in (*self.awaiting, *self.client_calls)}
+        held = {c.id for c in (*self.awaiting, *self.client_calls, *self.delegated)}
         self.conversation = repair(self.conversation, held)[0]
-        if self.awaiting or self.client_calls:
+        if self.awaiting or self.client_calls or self.delegated:
             return await self.wait_for_approval()
         return asked and await self.finish(Status.WAITING)
 
@@ -661,6 +775,7 @@ class Run:
                 self.conversation.append(message)
             record_approval_event(self.approvals, row["type"], row["data"])
             record_client_result(self.client_results, row["type"], row["data"])
+            self.record_child_end(row["type"], row["data"])
             self.note_compaction(row["type"])
             self.read_seq = max(self.read_seq, int(row["seq"]))
 
@@ -868,6 +983,7 @@ _RUN_EVENTS = frozenset(
         SessionEventType.USER_QUESTION,
         SessionEventType.CLIENT_TOOL_CALL,
         SessionEventType.SESSION_COMPACTED,
+        SessionEventType.DELEGATE_CALL,
     }
 )
 

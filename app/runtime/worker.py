@@ -91,6 +91,7 @@ class Worker:
             ),
             max_event_bytes=settings.max_event_bytes,
             tool_result_max_chars=settings.model_tool_result_max_chars,
+            max_agent_depth=settings.max_agent_depth,
             read_page_bytes=settings.transcript_page_bytes,
             deltas=DeltaHub(self.delta_db, settings.delta_flush_interval),
             writes=RunWrites(self.db),

@@ -35,6 +35,9 @@ class AssistantDefinition:
     approval_required: list[str] | None = None
     metadata: dict[str, Any] | None = None
     compaction: dict[str, Any] | None = None
+    # Assistant ids it may hand work to, and the scripted model's turns (docs/delegation.md).
+    delegates: list[str] | None = None
+    script: list[dict[str, Any]] | None = None
 
 
 # The fields of a definition, as `update` takes its changes.
@@ -43,7 +46,7 @@ DEFINITION_FIELDS = frozenset(AssistantDefinition.__dataclass_fields__)
 _VIEW_COLUMNS = """
     a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
     v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-    v.metadata, v.compaction
+    v.metadata, v.compaction, v.delegates, v.script
 """
 # `version %(version)s`: that version; NULL: the latest.
 _GET = statement(
@@ -87,9 +90,10 @@ _INSERT_VERSION = statement(
     """
     INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                     instructions, model_settings, tools, approval_required,
-                                    metadata, compaction)
+                                    metadata, compaction, delegates, script)
     VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-            %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s)
+            %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s,
+            %(delegates)s, %(script)s)
     """,
 )
 _LOCK = statement(
@@ -268,5 +272,7 @@ async def _insert_version(
             "approval_required": Jsonb(definition.approval_required)
             if definition.approval_required is not None
             else None,
+            "delegates": Jsonb(definition.delegates) if definition.delegates else None,
+            "script": Jsonb(definition.script) if definition.script is not None else None,
         },
     )

@@ -115,11 +115,13 @@ class Batch:
         )
 
 
-# Follow-ups, approval decisions and client tools' results the model has not seen: logged after
-# `{after}` and after the session's `delivered_seq` (of the session row `sessions`).
+# Follow-ups, approval decisions, client tools' results and children's ends the model has not
+# seen: logged after `{after}` and after the session's `delivered_seq` (of the session row
+# `sessions`).
 UNDELIVERED = """
         SELECT FROM session_events e WHERE e.session_id = sessions.id
-          AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
+          AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result',
+                         'delegate_result')
           AND e.seq > greatest(sessions.delivered_seq, {after})"""
 
 # The notifications go together, in order: the turn's last token deltas, then the stream's key

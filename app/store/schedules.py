@@ -54,6 +54,8 @@ _DEFINITION_FIELDS = (
     "assistant_id",
     "assistant_version",
     "client_tools",
+    "compaction",
+    "delegates",
 )
 
 

@@ -43,7 +43,7 @@ SESSION_COLUMNS = """
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 """
 
 
@@ -63,8 +63,12 @@ _CREATE_SESSION = statement(
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, schedule_id,
-                          schedule_fired_at)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                          schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
+                          depth)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+            %s)
+    ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
+    DO NOTHING
     RETURNING {SESSION_COLUMNS}
     """,
 )
@@ -185,6 +189,13 @@ class NewSession:
     # The schedule that fired it, and the tick it fired for.
     schedule_id: UUID | None = None
     schedule_fired_at: datetime | None = None
+    # The assistants it may delegate to, resolved (`agent.delegation`); None: none.
+    delegates: list[dict[str, Any]] | None = None
+    # A delegate's child: the parent session and its call that made it, and how many
+    # delegations deep it is (docs/delegation.md).
+    parent_session_id: UUID | None = None
+    parent_tool_call_id: str | None = None
+    depth: int = 0
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -192,7 +203,10 @@ class NewSession:
             return request_fingerprint(self.request)
         # Fields left at their defaults are left out, so a request hashes as it did before
         # those fields existed (a create retried across an upgrade is still a replay).
-        return _hash({k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v})
+        fields = {k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v}
+        if self.delegates:  # the ids asked for, not their tool names (a rename in between)
+            fields["delegates"] = [d["assistantId"] for d in self.delegates]
+        return _hash(fields)
 
 
 def request_fingerprint(request: dict[str, Any]) -> str:
@@ -275,10 +289,15 @@ async def create_session(
             Jsonb(new.compaction) if new.compaction is not None else None,
             new.schedule_id,
             new.schedule_fired_at,
+            Jsonb(new.delegates) if new.delegates is not None else None,
+            new.parent_session_id,
+            new.parent_tool_call_id,
+            new.depth,
         ),
     )
     row = await cur.fetchone()
-    assert row is not None
+    if row is None:  # the child of this call exists already: one child per call
+        return await _child_of_call(conn, new), False
     if new.prompt is not None:
         event = await append_session_event(
             conn,
@@ -296,6 +315,22 @@ async def create_session(
     if new.prompt is not None:
         await notify(conn, WORK_KEY)
     return row, True
+
+
+_CHILD_OF_CALL = statement(
+    "child_of_call",
+    f"""
+    SELECT {SESSION_COLUMNS} FROM sessions
+    WHERE parent_session_id = %s AND parent_tool_call_id = %s
+    """,
+)
+
+
+async def _child_of_call(conn: Connection, new: NewSession) -> dict[str, Any]:
+    cur = await conn.execute(_CHILD_OF_CALL, (new.parent_session_id, new.parent_tool_call_id))
+    row = await cur.fetchone()
+    assert row is not None
+    return row
 
 
 async def create_idle_session(
@@ -450,11 +485,22 @@ async def set_status(
 
 async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> dict[str, Any]:
     """Cancel: settle an idle, queued or waiting session at once; record the request on a
-    running one.
+    running one. Its delegates' children are cancelled too (docs/delegation.md), and a child
+    settled here answers its parent's call.
 
     Idempotent: a second request on a running session changes nothing.
     """
+    await lock_parent(conn, session_id)
     row = await get_session(conn, owner_id, session_id, for_update=True)
+    cancelled = await _cancel_one(conn, owner_id, row)
+    for child in await live_children(conn, session_id):
+        if Status(child["status"]) not in TERMINAL:
+            await request_cancel(conn, owner_id, child["id"])
+    return cancelled
+
+
+async def _cancel_one(conn: Connection, owner_id: str, row: dict[str, Any]) -> dict[str, Any]:
+    session_id = row["id"]
     status = Status(row["status"])
     if status in TERMINAL:
         raise SessionAlreadyTerminal(status)
@@ -481,12 +527,14 @@ async def request_cancel(conn: Connection, owner_id: str, session_id: UUID) -> d
         SessionEventType.SESSION_END,
         {"status": "cancelled", "note": f"cancelled while {status}"},
     )
-    return await set_status(
+    settled = await set_status(
         conn,
         row,
         Status.CANCELLED,
         query=SET_STATUS_CANCELLED,
     )
+    await answer_parent(conn, settled, Status.CANCELLED, None)
+    return settled
 
 
 async def post_message(
@@ -648,7 +696,9 @@ async def post_client_result(
 
 
 async def soft_delete(conn: Connection, owner_id: str, session_id: UUID) -> None:
-    """Hide the session from lists and streams, cancelling it first if it is not terminal."""
+    """Hide the session from lists and streams, cancelling it first if it is not terminal;
+    its delegates' children with it (docs/delegation.md)."""
+    await lock_parent(conn, session_id)
     row = await get_session(conn, owner_id, session_id, for_update=True)
     if Status(row["status"]) not in TERMINAL:
         await request_cancel(conn, owner_id, session_id)
@@ -659,3 +709,78 @@ async def soft_delete(conn: Connection, owner_id: str, session_id: UUID) -> None
     )
     await append_owner_event(conn, owner_id, session_id, OwnerEventType.SESSION_DELETED, {})
     await notify(conn, session_key(session_id))  # open session streams close
+    for child in await live_children(conn, session_id):
+        await soft_delete(conn, owner_id, child["id"])
+
+
+# --- delegation (docs/delegation.md) --------------------------------------------------------
+
+# A child's parent is locked before the child (ancestors first), by whoever locks both: the
+# child's end, a cancel or delete of either. The parent's own writes lock only its row.
+_LOCK_PARENT = statement(
+    "lock_parent",
+    """
+    SELECT FROM sessions
+    WHERE id = (SELECT parent_session_id FROM sessions WHERE id = %s) FOR UPDATE
+    """,
+)
+_LIVE_CHILDREN = statement(
+    "live_children",
+    """
+    SELECT id, status FROM sessions WHERE parent_session_id = %s AND deleted_at IS NULL
+    ORDER BY created_at, id
+    """,
+)
+# The parent a child's end answers (not deleted), and the child's last assistant message.
+_PARENT_FOR_ANSWER = statement(
+    "parent_for_answer",
+    f"""
+    SELECT p.id, p.status, (
+        SELECT e.data->>'text' FROM session_events e
+        WHERE e.session_id = %(child)s AND e.type = '{SessionEventType.ASSISTANT_MESSAGE}'
+        ORDER BY e.seq DESC LIMIT 1) AS answer
+    FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL
+    """,
+)
+
+
+async def lock_parent(conn: Connection, session_id: UUID) -> None:
+    """Lock the session's parent row, if it has one (before the session's own)."""
+    await conn.execute(_LOCK_PARENT, (session_id,))
+
+
+async def live_children(conn: Connection, session_id: UUID) -> list[dict[str, Any]]:
+    cur = await conn.execute(_LIVE_CHILDREN, (session_id,))
+    return await cur.fetchall()
+
+
+async def answer_parent(
+    conn: Connection, child: dict[str, Any], status: Status, error: dict[str, Any] | None
+) -> None:
+    """A child settled `status` (terminal): log its end on its parent as the result of the
+    call that made it, `delegate_result`, and re-queue a waiting parent so a worker answers
+    the call; a running one hears it through its inbox. A parent already finished or deleted
+    is left alone. In the caller's transaction, which holds the parent's lock (`lock_parent`)."""
+    if child.get("parent_session_id") is None:
+        return
+    cur = await conn.execute(
+        _PARENT_FOR_ANSWER, {"child": child["id"], "parent": child["parent_session_id"]}
+    )
+    parent = await cur.fetchone()
+    if parent is None or Status(parent["status"]) in TERMINAL:
+        return
+    result: dict[str, Any] = {
+        "toolCallId": child["parent_tool_call_id"],
+        "childSessionId": str(child["id"]),
+        "status": str(status),
+    }
+    if status == Status.SUCCEEDED:
+        result["answer"] = parent["answer"] or ""
+    if error is not None:
+        result["error"] = error
+    await append_session_event(conn, parent["id"], SessionEventType.DELEGATE_RESULT, result)
+    if Status(parent["status"]) == Status.WAITING:
+        await set_status(conn, parent, Status.QUEUED)
+        await notify(conn, WORK_KEY)
+    else:
+        await notify(conn, inbox_key(parent["id"]))

@@ -7,8 +7,9 @@ from typing import Any
 from uuid import UUID
 
 from app.db.pool import Connection
-from app.domain import OwnerEventType, SessionEventType, Status
+from app.domain import TERMINAL, OwnerEventType, SessionEventType, Status
 from app.errors import FenceRefused
+from app.store import sessions
 from app.store.events import FENCE, Cursor, Fence
 from app.store.notify import WORK_KEY, notify
 from app.store.run_writes import UNDELIVERED, Batch, Write, send_batch
@@ -64,6 +65,9 @@ async def finish(
     """Close the run with what `batch` holds: `session_end`, the new status, the lease
     released. Returns the status it settled and `send_batch`'s cursor.
 
+    A delegate's child that settles answers its parent's call in the same transaction
+    (`sessions.answer_parent`), so the parent learns of every end exactly once.
+
     A cancel accepted before this commits wins: the row lock orders the two, so a cancel
     either finds the session terminal (409) or the session ends `cancelled`, never both.
 
@@ -73,6 +77,9 @@ async def finish(
     failure it re-queues the session (announced after the failure), unless
     `requeue_undelivered` is False.
     """
+    child = row.get("parent_session_id") is not None
+    if child:  # the parent first: its call is answered in this transaction
+        await sessions.lock_parent(conn, row["id"])
     cur = await conn.execute(_LOCK_FOR_FINISH, {**fence.params(), "session_id": row["id"]})
     # Sent before the lock's answer is read (one round trip for both in a pipeline); after it
     # on the server, so it sees any follow-up committed while the lock was awaited.
@@ -90,7 +97,10 @@ async def finish(
         settled = Status.QUEUED
         await notify(conn, WORK_KEY)
     closing = _closing(batch, fence, status, settled, error, note)
-    return settled, await send_batch(conn, fence, row["id"], closing)
+    sent = await send_batch(conn, fence, row["id"], closing)
+    if child and settled in TERMINAL:  # fenced: a refused write aborts this too
+        await sessions.answer_parent(conn, row, settled, error)
+    return settled, sent
 
 
 async def _send_undelivered_count(

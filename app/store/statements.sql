@@ -37,13 +37,24 @@ SELECT * FROM appended WHERE pg_notify('ferryman', %(notify_key)s) IS NOT NULL;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata, v.compaction
+v.metadata, v.compaction, v.delegates, v.script
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id
 WHERE a.id = %(id)s AND (%(before)s::integer IS NULL OR v.version < %(before)s)
 ORDER BY v.version DESC
 LIMIT %(limit)s;
+
+-- name: child_of_call
+SELECT
+   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+FROM sessions
+   WHERE parent_session_id = %s AND parent_tool_call_id = %s;
 
 -- name: chunks_after
 SELECT after_seq, chunk, text, created_at FROM session_deltas
@@ -76,7 +87,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -137,7 +148,8 @@ WHERE owner_id = %(owner)s AND deleted_at IS NULL
 -- name: count_undelivered
 SELECT count(*) AS n FROM sessions, LATERAL (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
-      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
+      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result',
+                     'delegate_result')
       AND e.seq > greatest(sessions.delivered_seq, %(delivered)s)) e
 WHERE sessions.id = %(session_id)s;
 
@@ -152,7 +164,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -176,15 +188,29 @@ SELECT * FROM s;
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
                       assistant_version, client_tools, compaction, schedule_id,
-                      schedule_fired_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                      schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
+                      depth)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+        %s)
+ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
+DO NOTHING
 RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+
+-- name: delegate_graph
+SELECT a.id::text AS id, v.delegates
+FROM assistants a JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %s AND a.deleted_at IS NULL AND v.delegates IS NOT NULL;
+
+-- name: delegate_names
+SELECT a.id, v.name, v.description
+FROM assistants a JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
+WHERE a.owner_id = %s AND a.id = ANY(%s::uuid[]) AND a.deleted_at IS NULL;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -199,14 +225,14 @@ SELECT type, data FROM session_events WHERE session_id = %s AND seq = %s;
 WITH forked AS (
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
-                          assistant_version, client_tools, compaction, last_seq,
-                          delivered_seq, forked_from_session_id, forked_from_seq)
+                          assistant_version, client_tools, compaction, delegates,
+                          last_seq, delivered_seq, forked_from_session_id, forked_from_seq)
     SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
            coalesce(%(prompt)s, p.prompt), p.script, p.tools,
            p.metadata - '{stateless,on_completion}'::text[], p.instructions,
            p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
-           p.client_tools, p.compaction, %(copy)s, least(p.delivered_seq, %(copy)s), p.id,
-           %(at)s
+           p.client_tools, p.compaction, p.delegates, %(copy)s,
+           least(p.delivered_seq, %(copy)s), p.id, %(at)s
     FROM sessions p WHERE p.id = %(parent)s
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -214,7 +240,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -241,7 +267,7 @@ SELECT * FROM forked;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata, v.compaction
+v.metadata, v.compaction, v.delegates, v.script
 
 FROM assistants a
 JOIN assistant_versions v
@@ -267,7 +293,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -278,16 +304,17 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
-                                metadata, compaction)
+                                metadata, compaction, delegates, script)
 VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instructions)s,
-        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s);
+        %(model_settings)s, %(tools)s, %(approval_required)s, %(metadata)s, %(compaction)s,
+        %(delegates)s, %(script)s);
 
 -- name: insert_schedule
 INSERT INTO schedules (id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition, next_run_at, pending_tick)
@@ -313,7 +340,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -327,6 +354,10 @@ LISTEN ferryman;
 
 -- name: listen_ferryman_runs
 LISTEN ferryman_runs;
+
+-- name: live_children
+SELECT id, status FROM sessions WHERE parent_session_id = %s AND deleted_at IS NULL
+ORDER BY created_at, id;
 
 -- name: live_tool_catalog
 WITH live AS (
@@ -364,6 +395,10 @@ FOR UPDATE OF sc SKIP LOCKED;
 SELECT cancel_requested_at IS NOT NULL AS cancel, lease_worker_id = %(worker_id)s AND attempt = %(attempt)s AND lease_expires_at > clock_timestamp() AS held FROM sessions
 WHERE id = %(session_id)s FOR UPDATE;
 
+-- name: lock_parent
+SELECT FROM sessions
+WHERE id = (SELECT parent_session_id FROM sessions WHERE id = %s) FOR UPDATE;
+
 -- name: merge_thread_metadata
 UPDATE sessions SET metadata = metadata || %s, updated_at = clock_timestamp()
 WHERE id = %s RETURNING
@@ -372,7 +407,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -404,6 +439,13 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
+
+-- name: parent_for_answer
+SELECT p.id, p.status, (
+    SELECT e.data->>'text' FROM session_events e
+    WHERE e.session_id = %(child)s AND e.type = 'assistant_message'
+    ORDER BY e.seq DESC LIMIT 1) AS answer
+FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL;
 
 -- name: prune_schedule_firings
 DELETE FROM schedule_firings WHERE schedule_id = %(schedule)s AND tick < (
@@ -449,6 +491,7 @@ UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
                     instructions = %(instructions)s, model_settings = %(model_settings)s,
                     approval_required = %(approval_required)s,
                     client_tools = %(client_tools)s, compaction = %(compaction)s,
+                    delegates = %(delegates)s,
                     assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                     updated_at = clock_timestamp()
 WHERE id = %(id)s RETURNING
@@ -457,7 +500,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -467,7 +510,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -477,7 +520,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
 
 -- name: run_write
 WITH bumped AS (
@@ -555,7 +598,8 @@ WITH bumped AS (
       AND last_seq = %(expected_last_seq)s AND cancel_requested_at IS NULL
       AND NOT EXISTS (
     SELECT FROM session_events e WHERE e.session_id = sessions.id
-      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result')
+      AND e.type IN ('user_message', 'tool_approval_decided', 'client_tool_result',
+                     'delegate_result')
       AND e.seq > greatest(sessions.delivered_seq, %(delivered_seq)s::bigint))
     RETURNING id, owner_id, last_seq, attempt
 ), appended AS (
@@ -609,7 +653,7 @@ ORDER BY f.schedule_id, f.tick DESC;
 SELECT
 a.id, a.owner_id, v.version, a.created_at, v.created_at AS updated_at, v.name,
 v.description, v.model, v.instructions, v.model_settings, v.tools, v.approval_required,
-v.metadata, v.compaction
+v.metadata, v.compaction, v.delegates, v.script
 
 FROM assistants a
 JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
@@ -628,7 +672,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -644,7 +688,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -660,7 +704,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -676,7 +720,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -692,7 +736,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -708,7 +752,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -724,7 +768,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -740,7 +784,7 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -756,7 +800,7 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -794,7 +838,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -823,7 +867,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -854,7 +898,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 
 ),
 owner_cursor AS (
@@ -880,7 +924,7 @@ WITH s AS (
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s, title = %(title)s,
                         client_tools = %(client_tools)s, compaction = %(compaction)s,
-                        assistant_id = %(assistant_id)s,
+                        delegates = %(delegates)s, assistant_id = %(assistant_id)s,
                         assistant_version = %(assistant_version)s, prompt = %(text)s,
                         status = 'queued', error = NULL, cancel_requested_at = NULL,
                         last_seq = 1, updated_at = clock_timestamp()
@@ -892,7 +936,7 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)

@@ -74,7 +74,7 @@ _START_FIRST_RUN = statement(
                             instructions = %(instructions)s, model_settings = %(model_settings)s,
                             approval_required = %(approval_required)s, title = %(title)s,
                             client_tools = %(client_tools)s, compaction = %(compaction)s,
-                            assistant_id = %(assistant_id)s,
+                            delegates = %(delegates)s, assistant_id = %(assistant_id)s,
                             assistant_version = %(assistant_version)s, prompt = %(text)s,
                             status = '{Status.QUEUED}', error = NULL, cancel_requested_at = NULL,
                             last_seq = 1, updated_at = clock_timestamp()
@@ -97,6 +97,7 @@ _REDEFINE = statement(
                         instructions = %(instructions)s, model_settings = %(model_settings)s,
                         approval_required = %(approval_required)s,
                         client_tools = %(client_tools)s, compaction = %(compaction)s,
+                        delegates = %(delegates)s,
                         assistant_id = %(assistant_id)s, assistant_version = %(assistant_version)s,
                         updated_at = clock_timestamp()
     WHERE id = %(id)s RETURNING {SESSION_COLUMNS}
@@ -222,6 +223,7 @@ def _definition(new: NewSession) -> dict[str, Any]:
         "assistant_version": new.assistant_version,
         "client_tools": Jsonb(new.client_tools) if new.client_tools is not None else None,
         "compaction": Jsonb(new.compaction) if new.compaction is not None else None,
+        "delegates": Jsonb(new.delegates) if new.delegates is not None else None,
     }
 
 

@@ -8,8 +8,10 @@ text one `TEXT_MESSAGE_*` message whose id is the Agent Protocol's AI message id
 holds the same id when it sends its history back), its tool calls `TOOL_CALL_START / ARGS /
 END` after the text, each result a `TOOL_CALL_RESULT`. The run's `session_end` is its last
 event: `RUN_ERROR` when the session failed, else `RUN_FINISHED` with an interrupt outcome
-(the pending approvals and questions) when it waits, a cancelled one when cancelled. Every
-other event is a `CUSTOM` one named after its Ferryman type."""
+(the pending approvals and questions) when it waits, a cancelled one when cancelled. A
+delegate call's child is a subagent (`SUBAGENT_STARTED`, then `SUBAGENT_FINISHED` or
+`SUBAGENT_ERROR` at its end), and a wait on children alone does not end the run
+(docs/delegation.md). Every other event is a `CUSTOM` one named after its Ferryman type."""
 
 from __future__ import annotations
 
@@ -109,6 +111,11 @@ class AgUiFold(fold.ThreadFold):
     # (content, isError) by call id, the first of each.
     client_calls: set[str] = field(default_factory=set)
     client_posted: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    # Delegate calls whose child has not ended (docs/delegation.md): while some are open, a
+    # `session_end {waiting}` does not end the run, and the child's end comes in it. The
+    # message id of the last reply, which holds the calls.
+    delegating: set[str] = field(default_factory=set)
+    reply_id: str | None = None
 
     def apply(self, envelope: dict[str, Any], in_run: bool) -> list[ProtocolEvent]:
         type_ = envelope["type"]
@@ -127,6 +134,7 @@ class AgUiFold(fold.ThreadFold):
         if isinstance(sent, list):
             self.known.update(str(i) for i in sent)
         self._client(type_, data)
+        self._delegation(type_, data)
         if type_ == SessionEventType.USER_MESSAGE or type_ == SessionEventType.TOOL_RESULT:
             self.known.add(fold.derived(self.session_id, "msg", seq))
         elif type_ == SessionEventType.ASSISTANT_MESSAGE:
@@ -145,11 +153,47 @@ class AgUiFold(fold.ThreadFold):
         elif type_ == SessionEventType.TOOL_RESULT:
             self.client_calls.discard(call_id)
 
+    def _delegation(self, type_: str, data: dict[str, Any]) -> None:
+        if type_ == SessionEventType.DELEGATE_CALL:
+            self.delegating.add(str(data.get("childSessionId")))
+        elif type_ == SessionEventType.DELEGATE_RESULT:
+            self.delegating.discard(str(data.get("childSessionId")))
+
+    def _subagent(self, type_: str, data: dict[str, Any]) -> ProtocolEvent:
+        """A delegate call's child as AG-UI's subagent: started at the call, finished (or
+        failed) at the child's end."""
+        child = str(data.get("childSessionId"))
+        if type_ == SessionEventType.DELEGATE_CALL:
+            started: dict[str, Any] = {
+                "subagentRunId": child,
+                "name": str(data.get("name")),
+                "parentToolCallId": str(data.get("toolCallId")),
+            }
+            if self.reply_id is not None:
+                started["parentMessageId"] = self.reply_id
+            return ("SUBAGENT_STARTED", started)
+        if data.get("status") == Status.SUCCEEDED:
+            return ("SUBAGENT_FINISHED", {"subagentRunId": child, "result": data.get("answer")})
+        error = data.get("error") or {}
+        message = str(error.get("message") or f"the delegated session {data.get('status')}")
+        code = str(error.get("code") or str(data.get("status")).upper())
+        return ("SUBAGENT_ERROR", {"subagentRunId": child, "message": message, "code": code})
+
     def _events(
         self, type_: str, seq: int, data: dict[str, Any], after: int, streamed: str
     ) -> list[ProtocolEvent]:
         if type_ == SessionEventType.ASSISTANT_MESSAGE:
+            self.reply_id = self.ai_id(after)
             return self._turn_end(after, streamed, data)
+        if type_ in (SessionEventType.DELEGATE_CALL, SessionEventType.DELEGATE_RESULT):
+            return [self._subagent(type_, data)]
+        if (
+            type_ == SessionEventType.SESSION_END
+            and data.get("status") == Status.WAITING
+            and self.delegating
+            and not self.pending
+        ):
+            return self._close()  # waiting on children only: the run goes on with their ends
         if type_ == SessionEventType.TOOL_RESULT:
             # A client's result is its own `tool` message already.
             return [] if data.get("client") else [self._result(seq, data)]

@@ -444,6 +444,7 @@ _DEFINITION_COLUMNS = {
     "assistant_version": "assistant_version",
     "client_tools": "client_tools",
     "compaction": "compaction",
+    "delegates": "delegates",
 }
 
 

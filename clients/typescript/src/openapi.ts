@@ -472,6 +472,12 @@ export interface components {
             };
             /** @description Taken by its sessions unless they give their own. */
             compaction?: components["schemas"]["Compaction"] | null;
+            /** @description Absent: none. */
+            delegates?: string[] | null;
+            /** @description The scripted model's turns as given (ScriptTurn); absent: none. */
+            script?: {
+                [key: string]: unknown;
+            }[] | null;
             /** @description 1 at create; each PATCH writes the next. */
             version: number;
             /**
@@ -561,7 +567,11 @@ export interface components {
             approvalRequired?: string[];
             /** @description When the conversation is summarized (docs/compaction.md). */
             compaction?: components["schemas"]["Compaction"];
+            /** @description Assistants (ids, yours) it may hand work to: each is offered to the model as a tool `agent__<name>` taking `{task}`, whose call runs a child session from that assistant (docs/delegation.md). 422 for an unknown one or a cycle. */
+            delegates?: string[];
             name: string;
+            /** @description The scripted model's turns for its sessions that give none (its delegates' children among them). */
+            script?: components["schemas"]["ScriptTurn"][];
             description?: string;
             /** @description Yours to keep with the assistant: at most 16384 bytes. */
             metadata?: {
@@ -585,6 +595,8 @@ export interface components {
             approvalRequired?: string[];
             /** @description When the conversation is summarized (docs/compaction.md). */
             compaction?: components["schemas"]["Compaction"];
+            /** @description Assistants (ids, yours) it may hand work to: each is offered to the model as a tool `agent__<name>` taking `{task}`, whose call runs a child session from that assistant (docs/delegation.md). 422 for an unknown one or a cycle. */
+            delegates?: string[];
             /** @description The opening message of each. */
             prompt: string;
             title?: string;
@@ -631,6 +643,8 @@ export interface components {
             approvalRequired?: string[];
             /** @description When the conversation is summarized (docs/compaction.md). */
             compaction?: components["schemas"]["Compaction"];
+            /** @description Assistants (ids, yours) it may hand work to: each is offered to the model as a tool `agent__<name>` taking `{task}`, whose call runs a child session from that assistant (docs/delegation.md). 422 for an unknown one or a cycle. */
+            delegates?: string[];
             /** @description The opening message (seq 1). Unset: the session is created `idle`, with no run until its first message, which becomes its prompt. */
             prompt?: string;
             title?: string;
@@ -707,6 +721,16 @@ export interface components {
          * @enum {string}
          */
         Overlap: "skip" | "queue" | "allow";
+        /** Parent */
+        Parent: {
+            /**
+             * Format: uuid
+             * @description The session whose delegate call made this one.
+             */
+            sessionId: string;
+            /** @description That call's id: one child per call. */
+            toolCallId: string;
+        };
         /** PostMessage */
         PostMessage: {
             text: string;
@@ -900,6 +924,10 @@ export interface components {
             compaction?: components["schemas"]["Compaction"] | null;
             /** @description Where a fork's history came from (absent: not a fork). */
             forkedFrom?: components["schemas"]["ForkedFrom"] | null;
+            /** @description The assistants it may delegate to (absent: none). */
+            delegates?: string[] | null;
+            /** @description The delegate call that made it (absent: not a delegate's child). */
+            parent?: components["schemas"]["Parent"] | null;
             /** @description The schedule that fired it and the tick it fired for (absent: none). */
             schedule?: components["schemas"]["ScheduleRef"] | null;
         };
@@ -976,11 +1004,14 @@ export interface components {
             approvalRequired?: string[];
             /** @description When the conversation is summarized (docs/compaction.md). */
             compaction?: components["schemas"]["Compaction"];
+            /** @description Assistants (ids, yours) it may hand work to: each is offered to the model as a tool `agent__<name>` taking `{task}`, whose call runs a child session from that assistant (docs/delegation.md). 422 for an unknown one or a cycle. */
+            delegates?: string[];
             name?: string;
             description?: string;
             metadata?: {
                 [key: string]: unknown;
             };
+            script?: components["schemas"]["ScriptTurn"][];
         };
         /**
          * UpdateSchedule
@@ -1000,6 +1031,8 @@ export interface components {
             approvalRequired?: string[];
             /** @description When the conversation is summarized (docs/compaction.md). */
             compaction?: components["schemas"]["Compaction"];
+            /** @description Assistants (ids, yours) it may hand work to: each is offered to the model as a tool `agent__<name>` taking `{task}`, whose call runs a child session from that assistant (docs/delegation.md). 422 for an unknown one or a cycle. */
+            delegates?: string[];
             prompt?: string;
             title?: string;
             script?: components["schemas"]["ScriptTurn"][];
@@ -1064,6 +1097,8 @@ export interface components {
             lastSeq?: number;
             /** @description With FORK_NOT_USER_MESSAGE: the type of the event at `atSeq`. */
             eventType?: string;
+            /** @description With DELEGATE_CYCLE: the chain of assistant ids, the repeated one last. */
+            cycle?: string[];
         } & {
             [key: string]: unknown;
         };
@@ -1073,7 +1108,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -1240,6 +1275,95 @@ export interface components {
              */
             type: "compaction_requested";
             data: components["schemas"]["CompactionRequestedData"];
+        };
+        /**
+         * DelegateCallData
+         * @description A call of a delegate (docs/delegation.md): its child session was made with it.
+         */
+        DelegateCallData: {
+            toolCallId: string;
+            name: string;
+            arguments: {
+                [key: string]: unknown;
+            };
+            /**
+             * Format: uuid
+             * @description The assistant the child runs.
+             */
+            assistantId: string;
+            /**
+             * Format: uuid
+             * @description The child session, `parent` of which is this call.
+             */
+            childSessionId: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** DelegateCallEvent */
+        DelegateCallEvent: {
+            /** Format: uuid */
+            sessionId: string;
+            ownerId: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            ts: string;
+            phase: components["schemas"]["EventPhase"];
+            /** @description The event's id, also its SSE `id:`. */
+            id: string;
+            /** @description The session's event number: 1, 2, 3, ... with no gap. */
+            seq: number;
+            attempt: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "delegate_call";
+            data: components["schemas"]["DelegateCallData"];
+        };
+        /**
+         * DelegateResultData
+         * @description The child's end, written by its final transaction: the run answers the call with it.
+         */
+        DelegateResultData: {
+            toolCallId: string;
+            /** Format: uuid */
+            childSessionId: string;
+            /** @description succeeded, failed or cancelled. */
+            status: components["schemas"]["Status"];
+            /**
+             * @description When succeeded: its final answer.
+             * @default null
+             */
+            answer: string | null;
+            /** @default null */
+            error: components["schemas"]["SessionError"] | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** DelegateResultEvent */
+        DelegateResultEvent: {
+            /** Format: uuid */
+            sessionId: string;
+            ownerId: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            ts: string;
+            phase: components["schemas"]["EventPhase"];
+            /** @description The event's id, also its SSE `id:`. */
+            id: string;
+            /** @description The session's event number: 1, 2, 3, ... with no gap. */
+            seq: number;
+            attempt: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "delegate_result";
+            data: components["schemas"]["DelegateResultData"];
         };
         /**
          * EventPhase
@@ -1946,7 +2070,7 @@ export interface components {
             type: "user_question";
             data: components["schemas"]["UserQuestionData"];
         };
-        SessionEvent: components["schemas"]["UserMessageEvent"] | components["schemas"]["SessionStartEvent"] | components["schemas"]["SessionResumedEvent"] | components["schemas"]["AssistantMessageEvent"] | components["schemas"]["ToolCallStartEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["UserQuestionEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ToolApprovalRequestedEvent"] | components["schemas"]["ToolApprovalDecidedEvent"] | components["schemas"]["ClientToolCallEvent"] | components["schemas"]["ClientToolResultEvent"] | components["schemas"]["SessionInterruptedEvent"] | components["schemas"]["SessionEndEvent"] | components["schemas"]["SessionCompactedEvent"] | components["schemas"]["CompactionRequestedEvent"];
+        SessionEvent: components["schemas"]["UserMessageEvent"] | components["schemas"]["SessionStartEvent"] | components["schemas"]["SessionResumedEvent"] | components["schemas"]["AssistantMessageEvent"] | components["schemas"]["ToolCallStartEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["UserQuestionEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ToolApprovalRequestedEvent"] | components["schemas"]["ToolApprovalDecidedEvent"] | components["schemas"]["ClientToolCallEvent"] | components["schemas"]["ClientToolResultEvent"] | components["schemas"]["SessionInterruptedEvent"] | components["schemas"]["SessionEndEvent"] | components["schemas"]["SessionCompactedEvent"] | components["schemas"]["CompactionRequestedEvent"] | components["schemas"]["DelegateCallEvent"] | components["schemas"]["DelegateResultEvent"];
         OwnerEvent: components["schemas"]["OwnerSessionCreatedEvent"] | components["schemas"]["OwnerSessionStatusEvent"] | components["schemas"]["OwnerSessionTitleEvent"] | components["schemas"]["OwnerSessionActiveStageEvent"] | components["schemas"]["OwnerSessionCancelRequestedEvent"] | components["schemas"]["OwnerSessionResumedEvent"] | components["schemas"]["OwnerSessionDeletedEvent"];
     };
     responses: never;

@@ -173,6 +173,7 @@ def create_session(
     idempotency_key: str | None,
     assistant_id: str | None = None,
     assistant_version: int | None = None,
+    delegates: list[str] | None = None,
 ) -> Call[Session]:
     fields = {
         "prompt": prompt,
@@ -186,6 +187,7 @@ def create_session(
         "approvalRequired": approval_required,
         "script": script,
         "metadata": metadata,
+        "delegates": delegates,
     }
     body = {name: value for name, value in fields.items() if value is not None}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None

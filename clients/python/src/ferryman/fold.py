@@ -55,6 +55,8 @@ class ToolCall:
     error: str | None = None
     timed_out: bool = False
     interrupted: bool = False
+    # A delegate call's child session (docs/delegation.md): the call runs while it does.
+    child_session_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,10 @@ class SessionFold:
     def _tool_call_start(self, seq: int, data: Mapping[str, Any]) -> None:
         self._set_call(self._call(data), status="running")
 
+    def _delegate_call(self, seq: int, data: Mapping[str, Any]) -> None:
+        child = str(data.get("childSessionId") or "") or None
+        self._set_call(self._call(data), status="running", child_session_id=child)
+
     def _tool_result(self, seq: int, data: Mapping[str, Any]) -> None:
         content = str(data.get("content", ""))
         status: ToolCallStatus = "succeeded"
@@ -267,6 +273,7 @@ _HANDLERS: dict[str, _Handler] = {
     "session_resumed": SessionFold._resumed,
     "assistant_message": SessionFold._assistant_message,
     "tool_call_start": SessionFold._tool_call_start,
+    "delegate_call": SessionFold._delegate_call,
     "tool_result": SessionFold._tool_result,
     "tool_approval_requested": SessionFold._approval_requested,
     "tool_approval_decided": SessionFold._approval_decided,

@@ -27,6 +27,7 @@ __all__ = [
     "Lease",
     "MessageAccepted",
     "Model",
+    "Parent",
     "Schedule",
     "ScheduleFiring",
     "SchedulePage",
@@ -74,6 +75,13 @@ class ForkedFrom(Model):
     seq: int
 
 
+class Parent(Model):
+    """The delegate call that made a child session: the parent session and its call's id."""
+
+    session_id: str
+    tool_call_id: str
+
+
 class Assistant(Model):
     """A stored agent definition at one of its versions."""
 
@@ -86,6 +94,8 @@ class Assistant(Model):
     tools: list[str] | None = None  # None: all tools
     approval_required: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # The assistants its sessions may delegate to (None: none).
+    delegates: list[str] | None = None
     version: int
     created_at: datetime
     updated_at: datetime  # when this version was written
@@ -175,6 +185,9 @@ class Session(Model):
     forked_from: ForkedFrom | None = None
     # The schedule that fired it (None: none, or an older server).
     schedule: ScheduleRef | None = None
+    # The assistants it may delegate to (None: none); a child's delegate call (None: none).
+    delegates: list[str] | None = None
+    parent: Parent | None = None
 
     @property
     def terminal(self) -> bool:

@@ -107,12 +107,14 @@ class Ferryman(ClientBase):
         idempotency_key: str | None = None,
         assistant_id: str | None = None,
         assistant_version: int | None = None,
+        delegates: list[str] | None = None,
     ) -> Session:
         """Create a queued session, or without `prompt` an idle one that runs at its first
         `send_message`. With `assistant_id`, the session runs that assistant's definition (at
         `assistant_version`, default its latest), overridden by the fields given here.
         `model_settings` and `script` are sent as they are (wire names: `maxTokens`,
-        `toolCalls`, ...). The same `idempotency_key` and body give back the same session."""
+        `toolCalls`, ...). The same `idempotency_key` and body give back the same session.
+        `delegates`: ids of assistants the session may hand work to (docs/delegation.md)."""
         return self._call(
             _core.create_session(
                 prompt,
@@ -127,6 +129,7 @@ class Ferryman(ClientBase):
                 idempotency_key=idempotency_key,
                 assistant_id=assistant_id,
                 assistant_version=assistant_version,
+                delegates=delegates,
             )
         )
 
@@ -405,6 +408,7 @@ class RawFerryman:
         idempotency_key: str | None = None,
         assistant_id: str | None = None,
         assistant_version: int | None = None,
+        delegates: list[str] | None = None,
     ) -> dict[str, Any]:
         return self._call(
             _core.create_session(
@@ -420,6 +424,7 @@ class RawFerryman:
                 idempotency_key=idempotency_key,
                 assistant_id=assistant_id,
                 assistant_version=assistant_version,
+                delegates=delegates,
             )
         )
 
@@ -648,6 +653,7 @@ class AsyncFerryman(ClientBase):
         idempotency_key: str | None = None,
         assistant_id: str | None = None,
         assistant_version: int | None = None,
+        delegates: list[str] | None = None,
     ) -> Session:
         """See `Ferryman.create_session`."""
         return await self._call(
@@ -664,6 +670,7 @@ class AsyncFerryman(ClientBase):
                 idempotency_key=idempotency_key,
                 assistant_id=assistant_id,
                 assistant_version=assistant_version,
+                delegates=delegates,
             )
         )
 

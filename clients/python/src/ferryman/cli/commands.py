@@ -767,6 +767,9 @@ def sessions_show(session_id: str, as_json: bool, url: str | None, api_key: str 
     forked_from = session.get("forkedFrom")
     if forked_from:
         rows.append(("forked", f"from {forked_from['sessionId']} at event {forked_from['seq']}"))
+    parent = session.get("parent")
+    if parent:  # a delegate's child (docs/delegation.md)
+        rows.append(("parent", f"{parent['sessionId']} (call {parent['toolCallId']})"))
     rows.append(("prompt", _short(session["prompt"], 200)))
     for name, value in rows:
         click.echo(f"{name + ':':<9} {value}")

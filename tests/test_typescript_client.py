@@ -73,6 +73,8 @@ TESTS = {
         "numbered deltas replayed after a reconnect repeat no text",
         "streamed text is replaced by the final message",
         "tool calls go through their states",
+        "a delegate call runs with its child until the parent answers it",
+        "every delegate call keeps its child, whatever comes after",
         "a delta of a turn that ended or was dropped is stale; the cursor holds a turn's chunks",
         "a compaction is listed and every message before it kept",
     ],

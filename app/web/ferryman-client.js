@@ -614,7 +614,18 @@ function message2(role, text, seq, extra = {}) {
   return { role, text, seq, toolCallIds: [], stopReason: null, delivery: null, ...extra };
 }
 function toolCall(id, name = "", args = {}) {
-  return { id, name, arguments: args, status: "pending", result: null, error: null, timedOut: false, interrupted: false };
+  return {
+    id,
+    name,
+    arguments: args,
+    status: "pending",
+    result: null,
+    error: null,
+    timedOut: false,
+    interrupted: false,
+    childSessionId: null,
+    delegated: null
+  };
 }
 var SessionFold = class {
   status;
@@ -737,6 +748,16 @@ var SessionFold = class {
   toolCallStart(data) {
     this.setCall(this.call(data), { status: "running" });
   }
+  delegateCall(data) {
+    this.setCall(this.call(data), { status: "running", childSessionId: str(data.childSessionId) || null });
+  }
+  /** The child ended: the call still runs until the parent's next run answers it. */
+  delegateResult(data) {
+    const answer = data.answer === void 0 || data.answer === null ? null : str(data.answer);
+    const error = isRecord(data.error) ? { ...data.error } : null;
+    const childSessionId = str(data.childSessionId) || null;
+    this.setCall(this.call(data), { childSessionId, delegated: { status: str(data.status), answer, error } });
+  }
   toolResult(data) {
     const content = str(data.content);
     const status2 = data.denied ? "denied" : data.isError ? "failed" : "succeeded";
@@ -786,6 +807,8 @@ var HANDLERS = {
   session_resumed: methods.resumed,
   assistant_message: methods.assistantMessage,
   tool_call_start: methods.toolCallStart,
+  delegate_call: methods.delegateCall,
+  delegate_result: methods.delegateResult,
   tool_result: methods.toolResult,
   tool_approval_requested: methods.approvalRequested,
   tool_approval_decided: methods.approvalDecided,

@@ -48,6 +48,19 @@ export interface ToolCall {
   readonly error: string | null;
   readonly timedOut: boolean;
   readonly interrupted: boolean;
+  /** A delegate call's child session (docs/delegation.md): the call runs while it does. */
+  readonly childSessionId: string | null;
+  /** The child's end as its `delegate_result` says, before the parent's `tool_result`. */
+  readonly delegated: DelegateResult | null;
+}
+
+/** A `delegate_result`: how a delegate call's child session ended. */
+export interface DelegateResult {
+  /** succeeded, failed or cancelled */
+  readonly status: string;
+  /** When succeeded: the child's final answer. */
+  readonly answer: string | null;
+  readonly error: Record<string, unknown> | null;
 }
 
 /** A `session_compacted`: from `seq` on, the model sees `summary` instead of the messages
@@ -85,7 +98,18 @@ function message(role: Role, text: string, seq: number | null, extra: Partial<Me
 }
 
 function toolCall(id: string, name = "", args: Record<string, unknown> = {}): ToolCall {
-  return { id, name, arguments: args, status: "pending", result: null, error: null, timedOut: false, interrupted: false };
+  return {
+    id,
+    name,
+    arguments: args,
+    status: "pending",
+    result: null,
+    error: null,
+    timedOut: false,
+    interrupted: false,
+    childSessionId: null,
+    delegated: null,
+  };
 }
 
 /**
@@ -231,6 +255,18 @@ export class SessionFold {
     this.setCall(this.call(data), { status: "running" });
   }
 
+  private delegateCall(data: Data): void {
+    this.setCall(this.call(data), { status: "running", childSessionId: str(data.childSessionId) || null });
+  }
+
+  /** The child ended: the call still runs until the parent's next run answers it. */
+  private delegateResult(data: Data): void {
+    const answer = data.answer === undefined || data.answer === null ? null : str(data.answer);
+    const error = isRecord(data.error) ? { ...data.error } : null;
+    const childSessionId = str(data.childSessionId) || null;
+    this.setCall(this.call(data), { childSessionId, delegated: { status: str(data.status), answer, error } });
+  }
+
   private toolResult(data: Data): void {
     const content = str(data.content);
     const status: ToolCallStatus = data.denied ? "denied" : data.isError ? "failed" : "succeeded";
@@ -289,6 +325,8 @@ const HANDLERS: Record<string, Handler | undefined> = {
   session_resumed: methods.resumed,
   assistant_message: methods.assistantMessage,
   tool_call_start: methods.toolCallStart,
+  delegate_call: methods.delegateCall,
+  delegate_result: methods.delegateResult,
   tool_result: methods.toolResult,
   tool_approval_requested: methods.approvalRequested,
   tool_approval_decided: methods.approvalDecided,

@@ -23,7 +23,7 @@ function caughtUp(cursor) {
 }
 
 const words = fc.string({ unit: fc.constantFrom("a", "b", "c", " "), maxLength: 4 });
-const STEPS = ["start", "turn", "tool", "approval", "crash", "end", "message", "question", "retry", "compact"];
+const STEPS = ["start", "turn", "tool", "approval", "delegate", "crash", "end", "message", "question", "retry", "compact"];
 
 // A log as a list of steps, each drawing what it needs: fast-check shrinks it as a whole.
 const step = fc.record({
@@ -72,6 +72,19 @@ function build(first, steps) {
         const id = pick(s);
         add("tool_approval_requested", { toolCallId: id, name: "put_note", arguments: {} });
         if (a) add("tool_approval_decided", { toolCallId: id, approved: b });
+        break;
+      }
+      case "delegate": {
+        // A delegate call's child, its end (delegate_result), then the parent's answer.
+        if (!calls.length) break;
+        const id = pick(s);
+        const child = `child_${id}`;
+        add("delegate_call", { toolCallId: id, name: "agent__helper", arguments: { task: s.text }, assistantId: "a1", childSessionId: child });
+        if (!a) break;
+        const status = ["succeeded", "failed", "cancelled"][s.choice % 3];
+        const end = status === "succeeded" ? { answer: s.text } : status === "failed" ? { error: { code: "X", message: "m" } } : {};
+        add("delegate_result", { toolCallId: id, childSessionId: child, status, ...end });
+        if (b) add("tool_result", { toolCallId: id, name: "agent__helper", isError: status !== "succeeded", content: s.text });
         break;
       }
       case "crash": {
@@ -238,6 +251,41 @@ test("tool calls go through their states", () => {
   assert.deepEqual([...states, done.status], ["pending", "awaiting_approval", "approved", "running", "succeeded"]);
   assert.deepEqual([done.name, done.arguments, done.result, done.error], ["put_note", { key: "k" }, "saved", null]);
   assert.deepEqual(folding.messages.at(-1).toolCallIds, ["c1"]);
+});
+
+test("a delegate call runs with its child until the parent answers it", () => {
+  const folding = new SessionFold();
+  const call = { id: "c1", name: "agent__researcher", arguments: { task: "look" } };
+  folding.apply(durable(1, "user_message", { text: "plan", delivery: "queued" }));
+  folding.apply(durable(2, "session_start", {}));
+  folding.apply(durable(3, "assistant_message", { text: "", toolCalls: [call], stopReason: "tool_use" }));
+  const made = { toolCallId: "c1", name: call.name, arguments: call.arguments, assistantId: "a1", childSessionId: "s2" };
+  folding.apply(durable(4, "delegate_call", made));
+  folding.apply(durable(5, "session_end", { status: "waiting" }));
+  const waiting = folding.toolCalls.get("c1");
+  assert.deepEqual([waiting.status, waiting.childSessionId, waiting.delegated], ["running", "s2", null]);
+  folding.apply(durable(6, "delegate_result", { toolCallId: "c1", childSessionId: "s2", status: "succeeded", answer: "found" }));
+  const ended = folding.toolCalls.get("c1");
+  assert.deepEqual([ended.status, ended.delegated], ["running", { status: "succeeded", answer: "found", error: null }]);
+  folding.apply(durable(7, "session_resumed", { repairedToolCalls: [] }));
+  folding.apply(durable(8, "tool_result", { toolCallId: "c1", name: call.name, isError: false, content: "found" }));
+  const done = folding.toolCalls.get("c1");
+  assert.deepEqual([done.status, done.result, done.childSessionId, done.name], ["succeeded", "found", "s2", call.name]);
+});
+
+test("every delegate call keeps its child, whatever comes after", () => {
+  fc.assert(
+    fc.property(logs, (frames) => {
+      // Whatever follows (a resume that repairs the call, its result, a replay), a call keeps
+      // the child its delegate_call named, and shows the child's end once it came.
+      const made = new Map(durableOnly(frames).filter((f) => f.type === "delegate_call").map((f) => [f.data.toolCallId, f.data.childSessionId]));
+      const shown = fold(frames);
+      for (const call of shown.toolCalls) assert.equal(call.childSessionId, made.get(call.id) ?? null);
+      const ended = new Set(durableOnly(frames).filter((f) => f.type === "delegate_result").map((f) => f.data.toolCallId));
+      for (const call of shown.toolCalls) assert.equal(call.delegated !== null, ended.has(call.id));
+    }),
+    RUNS,
+  );
 });
 
 test("a delta of a turn that ended or was dropped is stale; the cursor holds a turn's chunks", () => {

@@ -16,7 +16,7 @@ const COMPACTABLE = new Set(['queued', 'running', 'waiting', 'succeeded']);
 // Session events after which the session's details (attempt, lease, usage) have moved on.
 const DETAIL_EVENTS = new Set(['user_message', 'session_start', 'session_resumed', 'assistant_message',
   'tool_call_start', 'tool_result', 'tool_approval_requested', 'tool_approval_decided', 'session_end',
-  'session_compacted']);
+  'session_compacted', 'delegate_call', 'delegate_result']);
 
 const state = {
   owner: null, // the list's OwnerSessionClient, its range the filters
@@ -31,6 +31,7 @@ const state = {
   live: false, // the session stream has caught up
   detailsTimer: null,
   deleteArmed: null,
+  children: new Map(), // child sessions outside the list's range, as last read, by id
 };
 
 const chat = new ChatView($('chat'), {
@@ -193,11 +194,44 @@ function ownerChanged(owner) {
   state.everLive ||= owner.connected;
   ownerState(owner.connected ? 'live' : state.everLive ? 'reconnecting' : 'connecting');
   for (const entry of newEntries(owner.journal)) {
+    if (state.children.has(entry.sessionId)) readChild(entry.sessionId);
     if (entry.sessionId !== state.openId || !['applied', 'outside'].includes(entry.outcome)) continue;
     if (entry.type === 'session_deleted') closeSession('Session deleted.');
     else scheduleDetails();
   }
   renderList();
+  renderChildren();
+}
+
+// --- delegated sessions -------------------------------------------------------------------------
+
+// A child session as the list's picture has it, or as last read when it is outside the range.
+function childSession(id) {
+  const shown = state.owner?.sessions.get(id);
+  if (shown) return shown;
+  if (!state.children.has(id)) readChild(id);
+  return state.children.get(id) || null;
+}
+
+function readChild(id) {
+  if (!state.children.has(id)) state.children.set(id, null);
+  call((f) => f.getSession(id)).then((child) => {
+    state.children.set(id, child);
+    renderChildren();
+  }, () => {});
+}
+
+// Redraws the delegate cards whose child moved on (its status, its title) since drawn.
+function renderChildren() {
+  let changed = false;
+  for (const card of state.conversation.delegateCards) {
+    const child = childSession(card.childSessionId);
+    const seen = child ? {title: child.title, status: child.status} : null;
+    if (seen?.title === card.child?.title && seen?.status === card.child?.status) continue;
+    state.conversation.touch(card, {child: seen});
+    changed = true;
+  }
+  if (changed) chat.render(state.conversation, {live: state.live});
 }
 
 // The journal's entries since the last one this page acted on (the journal drops old ones).
@@ -208,6 +242,28 @@ function newEntries(journal) {
   return journal.slice(start);
 }
 
+// Each session with its depth, a child right under its parent (oldest child first); a child
+// whose parent is not in the picture stands on its own.
+function withChildren(sessions) {
+  const ids = new Set(sessions.map((s) => s.id));
+  const under = new Map();
+  for (const s of sessions) {
+    const parent = s.parent?.sessionId;
+    if (parent && ids.has(parent) && parent !== s.id) under.set(parent, [...(under.get(parent) || []), s]);
+  }
+  const rows = [];
+  const placed = new Set();
+  const place = (s, depth) => {
+    if (placed.has(s.id)) return;
+    placed.add(s.id);
+    rows.push({session: s, depth});
+    for (const child of (under.get(s.id) || []).reverse()) place(child, depth + 1);
+  };
+  for (const s of sessions) if (!s.parent || !ids.has(s.parent.sessionId)) place(s, 0);
+  for (const s of sessions) place(s, 0); // a cycle's members, which the API never makes
+  return rows;
+}
+
 // Newest first, as the server pages: by creation time, then id.
 function newestFirst(a, b) {
   if (a.createdAt !== b.createdAt) return a.createdAt < b.createdAt ? 1 : -1;
@@ -216,15 +272,17 @@ function newestFirst(a, b) {
 
 function renderList() {
   const owner = state.owner;
-  const rows = owner ? [...owner.sessions.values()].sort(newestFirst) : [];
+  const rows = owner ? withChildren([...owner.sessions.values()].sort(newestFirst)) : [];
   const ul = $('sessions');
-  ul.replaceChildren(...rows.map((s) => h('li', {
-    class: s.id === state.openId ? 'open' : null, dataset: {id: s.id, status: s.status},
+  ul.replaceChildren(...rows.map(({session: s, depth}) => h('li', {
+    class: [s.id === state.openId ? 'open' : '', depth ? 'child' : ''].join(' ').trim() || null,
+    dataset: {id: s.id, status: s.status, depth},
   }, h('button', {class: 'row', onclick: () => openSession(s.id), 'aria-current': s.id === state.openId ? 'true' : null},
     h('span', {class: 'row-title', text: s.title}),
     h('span', {class: 'row-meta'},
       h('span', {class: `badge status-${s.status}`, text: s.status}),
       s.forkedFrom ? h('span', {class: 'tag fork', title: `Forked at #${s.forkedFrom.seq}`, text: 'fork'}) : null,
+      s.parent ? h('span', {class: 'tag delegated', title: `Delegated by ${owner.sessions.get(s.parent.sessionId)?.title ?? s.parent.sessionId}`, text: 'delegated'}) : null,
       s.resumes > 0 ? h('span', {
         class: 'resumes',
         title: 'Taken over from a worker that crashed, lost its lease or shut down',
@@ -323,6 +381,7 @@ function sessionFrame(event) {
     return;
   }
   if (!conversation.apply(event.envelope)) return;
+  if (event.type === 'delegate_call') renderChildren();
   chat.render(conversation, {live: state.live});
   if (event.type !== 'message_delta') {
     appendRawEvent(event.envelope);
@@ -366,6 +425,7 @@ function renderSession() {
   badge.className = `badge status-${status}`;
   $('stage').textContent = s?.activeStage && status === 'running' ? `· ${s.activeStage}` : '';
   renderLineage(s);
+  renderDelegatedBy(s);
   renderDetails(s, status);
   renderActions(s, status);
 }
@@ -408,8 +468,39 @@ function compactionText(c) {
     + (c.model ? ` · by ${c.model}` : '');
 }
 
-// The titles of sessions forked from (by id): null while asked, '' for one that is gone.
+// The titles of sessions forked or delegated from (by id): null while asked, '' for one that
+// is gone.
 const parentTitles = new Map();
+
+// A session's title: the list's, or read once (then `loaded` redraws).
+function titleOf(id, loaded) {
+  const title = state.owner?.sessions.get(id)?.title ?? parentTitles.get(id);
+  if (title === undefined) {
+    parentTitles.set(id, null);
+    call((f) => f.getSession(id)).then(
+      (parent) => parentTitles.set(id, parent.title),
+      (error) => { if (error instanceof NotFoundError) parentTitles.set(id, ''); },
+    ).finally(loaded);
+  }
+  return title;
+}
+
+// A child session (docs/delegation.md) links back to the parent whose tool call made it.
+function renderDelegatedBy(s) {
+  const box = $('delegated-by');
+  const parent = s?.parent;
+  show(box, Boolean(parent));
+  if (!parent) return box.replaceChildren();
+  const parentId = parent.sessionId;
+  const title = titleOf(parentId, () => {
+    if (state.session?.parent?.sessionId === parentId) renderDelegatedBy(state.session);
+  });
+  const callText = ` (call …${parent.toolCallId.slice(-8)})`;
+  box.replaceChildren(title === ''
+    ? `delegated by a deleted session${callText}`
+    : h('a', {href: `#${parentId}`, id: 'delegated-by-link', title: `${parentId} · call ${parent.toolCallId}`},
+      `delegated by ${title || parentId.slice(0, 8)}${callText}`));
+}
 
 // A fork says where it came from: a link to the parent, at the seq it was forked at.
 function renderLineage(s) {
@@ -421,14 +512,9 @@ function renderLineage(s) {
     return box.replaceChildren();
   }
   const parentId = from.sessionId;
-  const title = state.owner?.sessions.get(parentId)?.title ?? parentTitles.get(parentId);
-  if (title === undefined) {
-    parentTitles.set(parentId, null);
-    call((f) => f.getSession(parentId)).then(
-      (parent) => parentTitles.set(parentId, parent.title),
-      (error) => { if (error instanceof NotFoundError) parentTitles.set(parentId, ''); },
-    ).finally(() => { if (state.session?.forkedFrom?.sessionId === parentId) renderLineage(state.session); });
-  }
+  const title = titleOf(parentId, () => {
+    if (state.session?.forkedFrom?.sessionId === parentId) renderLineage(state.session);
+  });
   const at = ` at #${from.seq}`;
   const name = title || parentId.slice(0, 8);
   box.replaceChildren(title === ''

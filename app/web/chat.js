@@ -103,6 +103,7 @@ export class ChatView {
         h('span', {class: `tool-state state-${status}`, text: label}),
         duration ? h('span', {class: 'tool-time', text: duration}) : null),
       h('code', {class: 'tool-args', title: args, text: args}));
+    if (call.childSessionId) card.append(delegateBox(call));
     if (call.result !== null && call.result !== undefined) {
       card.append(this.folded(call.key, {class: 'tool-result'},
         h('summary', {text: status === 'succeeded' ? 'Result' : 'Details'}),
@@ -205,6 +206,23 @@ export class ChatView {
     }
     return box;
   }
+}
+
+// A delegate call's child session, nested in its card: a link that opens it, its status live
+// (the list's picture; its end as the parent's log says once it came), then its answer.
+function delegateBox(call) {
+  const id = call.childSessionId;
+  const ended = call.delegated;
+  const status = ended?.status || call.child?.status || 'queued';
+  const error = ended?.error;
+  return h('div', {class: 'delegate', dataset: {childId: id, childStatus: status}},
+    h('p', {class: 'delegate-head'},
+      h('a', {class: 'delegate-link', href: `#${id}`, title: id, text: call.child?.title || `session ${id.slice(0, 8)}`}),
+      h('span', {class: `badge delegate-status status-${status}`, text: status})),
+    status === 'waiting' && !ended
+      ? h('p', {class: 'hint delegate-waiting', text: 'The delegated session waits for a person: open it to answer.'}) : null,
+    ended?.answer ? h('div', {class: 'delegate-answer', text: ended.answer}) : null,
+    error ? h('p', {class: 'error-text delegate-error', text: `${error.code ?? 'error'}: ${error.message ?? ''}`}) : null);
 }
 
 function marker(item) {

@@ -125,7 +125,7 @@ export class Conversation {
       call = this.push({
         kind: 'tool', key: `t${id}`, id, seq: this.fold.lastSeq, name: String(data.name ?? ''),
         arguments: data.arguments ?? {}, status: 'pending', result: null, cause: null,
-        startedAt: null, endedAt: null,
+        startedAt: null, endedAt: null, childSessionId: null, delegated: null, child: null,
       });
       this.calls.set(id, call);
     }
@@ -211,6 +211,22 @@ export class Conversation {
     this.sync(this.card(data), {startedAt: event.ts || null});
   }
 
+  // A delegate call (docs/delegation.md): its card nests the child session, which runs it.
+  delegateCall(seq, data, event) {
+    this.sync(this.card(data), {childSessionId: String(data.childSessionId ?? ''), startedAt: event.ts || null});
+  }
+
+  // The child ended: its answer shows before the parent's next run answers the call with it.
+  delegateResult(seq, data) {
+    const call = this.fold.toolCalls.get(String(data.toolCallId ?? ''));
+    this.sync(this.card(data), {childSessionId: call?.childSessionId ?? null, delegated: call?.delegated ?? null});
+  }
+
+  // The delegate cards, whose child the chat shows from the session list's picture.
+  get delegateCards() {
+    return [...this.calls.values()].filter((card) => card.childSessionId);
+  }
+
   toolResult(seq, data, event) {
     this.sync(this.card(data), {result: String(data.content ?? ''), endedAt: event.ts || null});
   }
@@ -269,6 +285,7 @@ export class Conversation {
       let text = 'Waiting for a message';
       if (this.question) text = 'Waiting for your answer';
       else if (this.pendingApprovals.length) text = 'Waiting for your approval';
+      else if (this.delegateCards.some((c) => c.status === 'running' && !c.delegated)) text = 'Waiting for its delegated sessions';
       this.marker(seq, 'info', text, data.note ? String(data.note) : '');
     } else if (status === 'failed') {
       const error = this.fold.error || {};
@@ -285,6 +302,8 @@ const HANDLERS = {
   session_resumed: Conversation.prototype.resumed,
   assistant_message: Conversation.prototype.assistantMessage,
   tool_call_start: Conversation.prototype.toolCallStart,
+  delegate_call: Conversation.prototype.delegateCall,
+  delegate_result: Conversation.prototype.delegateResult,
   tool_result: Conversation.prototype.toolResult,
   tool_approval_requested: Conversation.prototype.approvalRequested,
   tool_approval_decided: Conversation.prototype.approvalDecided,

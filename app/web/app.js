@@ -194,7 +194,8 @@ function ownerChanged(owner) {
   state.everLive ||= owner.connected;
   ownerState(owner.connected ? 'live' : state.everLive ? 'reconnecting' : 'connecting');
   for (const entry of newEntries(owner.journal)) {
-    if (state.children.has(entry.sessionId)) readChild(entry.sessionId);
+    // A child outside the list's range is read again when it moves.
+    if (state.children.has(entry.sessionId) && !owner.sessions.has(entry.sessionId)) readChild(entry.sessionId);
     if (entry.sessionId !== state.openId || !['applied', 'outside'].includes(entry.outcome)) continue;
     if (entry.type === 'session_deleted') closeSession('Session deleted.');
     else scheduleDetails();

@@ -52,6 +52,11 @@ PROTOCOLS = ("http/protobuf", "grpc")
 SECRET_PARAMETERS = frozenset({"access_token", "token", "api_key", "key"})
 # Routes whose requests make no span: probes and scrapes, every few seconds.
 UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# Characters an attribute keeps (a conversation in `gen_ai.input.messages` grows with the
+# session) unless OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT or OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+# says otherwise.
+ATTRIBUTE_MAX_CHARS = 65_536
+_LENGTH_LIMITS = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
 
 _NOOP: AbstractContextManager[None] = contextlib.nullcontext()
 # Set while a run's span starts: the ids it takes (`RunIds`).
@@ -84,7 +89,7 @@ def setup(trace_content: bool, environ: Mapping[str, str] | None = None) -> bool
     if not exporters:
         return False
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from app import __version__
@@ -92,7 +97,13 @@ def setup(trace_content: bool, environ: Mapping[str, str] | None = None) -> bool
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "ferryman"}))
-    provider = TracerProvider(resource=resource, id_generator=_run_id_generator())
+    # SpanLimits reads the variables itself when given no length.
+    length = None if any(env.get(n) for n in _LENGTH_LIMITS) else ATTRIBUTE_MAX_CHARS
+    provider = TracerProvider(
+        resource=resource,
+        id_generator=_run_id_generator(),
+        span_limits=SpanLimits(max_span_attribute_length=length),
+    )
     provider.add_span_processor(_query_redactor())  # first: before any exporter sees a span
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -2,7 +2,8 @@
 processes, exported over OTLP/HTTP to a receiver inside the test that decodes the protobuf with
 opentelemetry-proto: the span tree of a session with a provider retry and a tool call, a crash
 takeover's link, content only when FERRYMAN_TRACE_CONTENT asks, the streams' token never in a
-span. Plus the pure parts: which OTEL_* variables turn tracing on, the query's redaction."""
+span; and once over OTLP/gRPC. Plus the pure parts: which OTEL_* variables turn tracing on,
+the query's redaction, the runs' ids."""
 
 from __future__ import annotations
 
@@ -75,7 +76,9 @@ class Receiver:
     url: str = ""
 
     def take(self, body: bytes) -> None:
-        request = ExportTraceServiceRequest.FromString(body)
+        self.take_request(ExportTraceServiceRequest.FromString(body))
+
+    def take_request(self, request: ExportTraceServiceRequest) -> None:
         for resource_spans in request.resource_spans:
             service = _attributes(resource_spans.resource.attributes).get("service.name", "")
             for scope_spans in resource_spans.scope_spans:
@@ -144,6 +147,30 @@ def receiver() -> Iterator[Receiver]:
     yield found
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def grpc_receiver() -> Iterator[Receiver]:
+    """The same over OTLP/gRPC."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    found = Receiver()
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> ExportTraceServiceResponse:
+            found.take_request(request)
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    found.url = f"http://127.0.0.1:{port}"
+    yield found
+    server.stop(grace=None)
 
 
 def otel_env(receiver: Receiver, service: str, **more: str) -> dict[str, str]:
@@ -337,6 +364,30 @@ async def test_content_is_recorded_when_asked(
     assert "gen_ai.tool.call.result" in tool.attributes
     history = json.loads(last.attributes["gen_ai.input.messages"])
     assert [m["role"] for m in history] == ["user", "assistant", "tool"]
+
+
+async def test_traces_over_grpc(
+    tracing_db: str, api: ServerProcess, grpc_receiver: Receiver
+) -> None:
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    with worker(tracing_db, grpc_receiver, **env):
+        async with client(api.url) as http:
+            session_id = await new_session(http, PROMPT, script=SCRIPT)
+            await wait_for_status(http, session_id, {"succeeded"})
+        await grpc_receiver.wait(
+            lambda s: (
+                s.attributes.get("ferryman.session.id") == session_id
+                and s.attributes.get("ferryman.run.outcome") == "succeeded"
+            ),
+            "for the finished run",
+        )
+    run = run_span_of(grpc_receiver.all(), session_id, 1)
+    assert [s.name for s in children(grpc_receiver.all(), run)] == [
+        "chat scripted",
+        "chat scripted",
+        "execute_tool put_note",
+        "chat scripted",
+    ]
 
 
 # --- a takeover ------------------------------------------------------------------------------

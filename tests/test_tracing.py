@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -231,6 +234,7 @@ def hex_ids(session_id: str, attempt: int) -> tuple[str, str]:
     return f"{trace_id:032x}", f"{span_id:016x}"
 
 
+CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 PROMPT = "the secret plan is pineapples"
 SCRIPT = [
     {
@@ -252,12 +256,18 @@ async def test_a_session_with_a_retry_and_a_tool_call(
 ) -> None:
     with worker(tracing_db, receiver):
         async with client(api.url) as http:
-            session_id = await new_session(
-                http,
-                PROMPT,
-                script=SCRIPT,
-                modelSettings={"temperature": 0.25, "maxTokens": 200},
+            # A caller's W3C trace context: the API's span of its request is a child of it.
+            response = await http.post(
+                "/api/agent",
+                json={
+                    "prompt": PROMPT,
+                    "script": SCRIPT,
+                    "modelSettings": {"temperature": 0.25, "maxTokens": 200},
+                },
+                headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"},
             )
+            assert response.status_code == 201, response.text
+            session_id = response.json()["id"]
             await wait_for_status(http, session_id, {"succeeded"})
             # A stream opened as a browser's EventSource would, with its token in the query.
             response = await http.get(
@@ -277,7 +287,7 @@ async def test_a_session_with_a_retry_and_a_tool_call(
 
     assert run.name == f"invoke_agent {session_id}" and run.service == "ferryman-worker"
     assert (run.trace_id, run.span_id) == hex_ids(session_id, 1)
-    assert run.parent == ""  # a trace of its own
+    assert run.parent == "" and run.links == []  # a trace of its own; no run before it
     assert run.attributes["gen_ai.conversation.id"] == session_id
     assert run.attributes["gen_ai.request.model"] == "scripted"
     # The provider's fault: an event of the run, with what the session's model_retry says.
@@ -317,6 +327,7 @@ async def test_a_session_with_a_retry_and_a_tool_call(
     )
     assert created[0].attributes["http.response.status_code"] == 201
     assert created[0].kind == 2  # SERVER
+    assert (created[0].trace_id, created[0].parent) == (CALLER_TRACE, CALLER_SPAN)
     streamed = await receiver.wait(
         lambda s: s.service == "ferryman-api" and s.name == "GET /api/agent/{session_id}/events",
         "of the stream",
@@ -436,6 +447,15 @@ async def test_the_resumed_run_links_to_the_run_it_took_over(
     # The killed run's span never ended, so was never exported; its tool's neither.
     assert not any(s.span_id == first_span for s in spans)
     assert [s.name for s in children(spans, resumed)][-1] == "chat scripted"
+
+
+def test_a_bad_exporter_stops_the_command_at_start_up(tracing_db: str) -> None:
+    env = {**os.environ, "DATABASE_URL": tracing_db, "OTEL_TRACES_EXPORTER": "zipkin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "worker"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "OTEL_TRACES_EXPORTER='zipkin'" in done.stderr and "Traceback" not in done.stderr
 
 
 # --- pure ------------------------------------------------------------------------------------

@@ -449,6 +449,30 @@ async def test_the_resumed_run_links_to_the_run_it_took_over(
     assert [s.name for s in children(spans, resumed)][-1] == "chat scripted"
 
 
+async def test_a_follow_up_links_to_the_run_before(
+    tracing_db: str, api: ServerProcess, receiver: Receiver
+) -> None:
+    with worker(tracing_db, receiver):
+        async with client(api.url) as http:
+            session_id = await new_session(http, "first")
+            await wait_for_status(http, session_id, {"succeeded"})
+            sent = await http.post(f"/api/agent/{session_id}/messages", json={"text": "again"})
+            assert sent.status_code < 300, sent.text
+            await receiver.wait(
+                lambda s: (
+                    s.attributes.get("ferryman.session.id") == session_id
+                    and s.attributes.get("ferryman.run.attempt") == 2
+                    and "ferryman.run.outcome" in s.attributes
+                ),
+                "of the follow-up's run",
+            )
+    followed = run_span_of(receiver.all(), session_id, 2)
+    ((trace_id, span_id, attributes),) = followed.links
+    assert (trace_id, span_id) == hex_ids(session_id, 1)
+    assert attributes["ferryman.resume.reason"] == "follow_up"
+    assert run_span_of(receiver.all(), session_id, 1).trace_id == trace_id
+
+
 def test_a_bad_exporter_stops_the_command_at_start_up(tracing_db: str) -> None:
     env = {**os.environ, "DATABASE_URL": tracing_db, "OTEL_TRACES_EXPORTER": "zipkin"}
     done = subprocess.run(

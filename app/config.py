@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     auth: AuthMode | None = None
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
+    # Traces (docs/tracing.md) are set up by the standard OTEL_* variables; this one says
+    # whether prompts, completions and tool arguments and results go in them.
+    trace_content: bool = False
 
     # Database pool.
     pool_min_size: int = 2

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from app import __version__, web
+from app import __version__, tracing, web
 from app.api import (
     assistants,
     forks,
@@ -110,6 +110,14 @@ def create_app(
         version=__version__,
         summary="Durable LLM agent sessions: leases, fenced writes, crash recovery, SSE.",
         lifespan=lifespan,
+        # FastAPI's own HTTP server spans, made once `tracing.setup` installed a provider: one
+        # span a request, no probes; its metrics and logs stay ours (/metrics, structlog).
+        telemetry={
+            "operation_spans": False,
+            "metrics": False,
+            "logs": False,
+            "exclude": tracing.untraced,
+        },
     )
     problems.install(app)
     openapi.install(app)

@@ -54,6 +54,9 @@ SETTINGS: dict[str, str] = {
     "log_level": "`debug`, `info`, `warning` or `error`; `debug` (as `ferryman --debug`) also"
     " shows a start-up failure's traceback.",
     "log_format": "`json` lines, `console`, or `auto`: console on a terminal, else JSON.",
+    "trace_content": "`true`: traces (`OTEL_*`, [tracing.md](tracing.md)) carry the prompts,"
+    " completions, instructions and tool arguments and results; else only the models, settings,"
+    " token counts and outcomes.",
     "pool_min_size": "Connections a process's pool keeps open.",
     "pool_max_size": "Most connections of a process's pool (a worker opens one more, for its"
     " token deltas: [deploy.md](deploy.md)).",

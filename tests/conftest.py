@@ -83,6 +83,7 @@ KIND_OF = {
     "test_embedded": "e2e",
     "test_embedded_supervision": "e2e",
     "test_db_restart": "e2e",
+    "test_tracing::test_a_bad_exporter_stops_the_command_at_start_up": "e2e",
     "test_jwt::test_rotation_refetches_at_a_bounded_rate": "e2e",
     "test_jwt::test_an_unreachable_key_set_is_401_until_it_answers": "e2e",
     # A JWKS server of the test's own (a thread).

@@ -107,6 +107,16 @@ def _configure_logs(settings: Settings, *, quiet: bool = False) -> None:
     configure("warning" if quiet and not debugging() else settings.log_level, settings.log_format)
 
 
+def _configure_tracing(settings: Settings) -> None:
+    """Traces as the OTEL_* variables say (docs/tracing.md); none unless they name an exporter."""
+    from app import tracing
+
+    try:
+        tracing.setup(settings.trace_content)
+    except tracing.TracingError as exc:
+        raise StartupFailure(str(exc)) from exc
+
+
 def _check_tools(settings: Settings, *, mcp: bool) -> None:
     """Refuse to start on plug-in tools or an MCP config the process could not use."""
     _check_tool_modules(settings)
@@ -239,6 +249,7 @@ def serve(host: str | None, port: int | None, worker: bool) -> None:
     with _starting():
         settings = _settings(host=host, port=port)
         _configure_logs(settings)
+        _configure_tracing(settings)
         # The API process loads the plug-in tools too (GET /api/tools); MCP servers only
         # a worker connects to.
         _check_tools(settings, mcp=worker)
@@ -331,6 +342,7 @@ def worker_command(concurrency: int | None) -> None:
     with _starting():
         settings = _settings(worker_concurrency=concurrency)
         _configure_logs(settings)
+        _configure_tracing(settings)
         _check_tools(settings, mcp=True)
         url = _prepare(settings)
     import asyncio

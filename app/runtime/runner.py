@@ -14,6 +14,7 @@ from uuid import UUID, uuid4
 
 from prometheus_client import Counter
 
+from app import tracing
 from app.agent import delegation
 from app.agent.approvals import (
     Approval,
@@ -270,6 +271,7 @@ class Run:
             self.inbox = True
             return False
         RUNS.labels(str(settled)).inc()
+        tracing.run_ended(str(settled))
         log.info("run ended", extra={"session": str(self.session_id), "status": str(settled)})
         return True
 
@@ -367,6 +369,8 @@ class Run:
                 "repairedToolCalls": plan.repaired_tool_calls,
             }
             self.defer(SessionEventType.SESSION_RESUMED, resumed)
+            # The run taken over (or followed up) held the claim before this one's.
+            tracing.link_run(self.session_id, self.row["attempt"] - 1, reason)
             self.pending.announce(OwnerEventType.SESSION_RESUMED, resumed)
             RESUMES.labels(reason).inc()
             REPAIRED.inc(len(plan.repairs))
@@ -807,6 +811,7 @@ class Run:
                     "message": fault.message,
                 }
                 await self.append(SessionEventType.MODEL_RETRY, retry_event)
+                tracing.retried(retry, delay, fault.kind, fault.message)
                 await self.interruptible(asyncio.sleep(delay))
         raise AssertionError("unreachable")
 
@@ -873,7 +878,9 @@ class Run:
         self.pending.announce(OwnerEventType.SESSION_ACTIVE_STAGE, {"stage": stage})
         await self.flush()  # durable before the tool runs
         try:
-            result = bounded_result(await self.run_tool(call, tool), self.ctx.max_event_bytes)
+            with tracing.execute_tool(call, tool):
+                result = bounded_result(await self.run_tool(call, tool), self.ctx.max_event_bytes)
+                tracing.tool_result(result)
         except RunAborted as aborted:
             if aborted.reason == "cancelled":
                 cancelled = ToolResult(call.id, call.name, "cancelled by the user", True, True)
@@ -938,6 +945,7 @@ class Run:
 
     async def on_abort(self, reason: AbortReason) -> None:
         RUNS.labels(reason).inc()
+        tracing.run_ended(reason)
         try:
             if reason == "cancelled":
                 await self.finish(Status.CANCELLED)

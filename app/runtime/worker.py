@@ -12,6 +12,7 @@ from uuid import UUID
 
 from pydantic import SecretStr
 
+from app import tracing
 from app.agent.models import ProviderConfig, Providers, RetryPolicy
 from app.agent.tools import ToolRegistry, default_registry
 from app.agent.tools.mcp import McpServer, load_config
@@ -331,6 +332,7 @@ class Worker:
             with (
                 self.bus.subscribe(cancel_key(run.session_id), on_cancel),
                 self.bus.subscribe(inbox_key(run.session_id), on_inbox),
+                tracing.invoke_agent(run.row),
             ):
                 await run.execute()
         except UNAVAILABLE_ERRORS as exc:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.agent.models.base import Model, ModelFault
 from app.agent.models.scripted import ScriptedModel
+from app.tracing import traced_model
 
 if TYPE_CHECKING:  # the SDKs load only when a session asks for their provider
     from anthropic import AsyncAnthropic
@@ -35,6 +36,9 @@ class Providers:
         self._anthropic: AsyncAnthropic | None = None
 
     def model(self, name: str, script: list[dict[str, Any]] | None) -> Model:
+        return traced_model(name, self._model(name, script))  # each call a span when tracing
+
+    def _model(self, name: str, script: list[dict[str, Any]] | None) -> Model:
         if name == "scripted":
             return ScriptedModel(script or [])
         provider, _, model_name = name.partition(":")

@@ -121,6 +121,23 @@ CROSS JOIN LATERAL (
     WHERE e.upto <= %(head_bytes)s) h
 ORDER BY s.claim_key;
 
+-- name: claim_webhook_deliveries
+WITH due AS (
+    SELECT id FROM webhook_deliveries
+    WHERE delivered_at IS NULL AND abandoned_at IS NULL
+      AND next_attempt_at <= clock_timestamp()
+    ORDER BY next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE webhook_deliveries d
+SET attempts = d.attempts + 1, last_attempt_at = clock_timestamp(),
+    next_attempt_at = clock_timestamp() + make_interval(secs => %(hold)s)
+FROM due, webhooks w
+WHERE d.id = due.id AND w.id = d.webhook_id
+RETURNING d.id, d.webhook_id, d.session_id, d.type, d.event, d.created_at, d.attempts,
+          w.url, w.secret;
+
 -- name: client_call_events
 SELECT seq, type, data FROM session_events
 WHERE session_id = %s AND data->>'toolCallId' = %s
@@ -182,6 +199,11 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq;
+
+-- name: create_webhook
+INSERT INTO webhooks (id, owner_id, url, events, secret)
+VALUES (%(id)s, %(owner)s, %(url)s, %(events)s, %(secret)s)
+RETURNING id, owner_id, url, events, created_at, updated_at;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -264,6 +286,9 @@ SELECT
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
+-- name: get_webhook
+SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE id = %s AND owner_id = %s;
+
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
@@ -285,6 +310,10 @@ FROM sessions
      AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
    ORDER BY created_at DESC, id DESC
    LIMIT %(limit)s;
+
+-- name: list_webhooks
+SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s
+ORDER BY created_at DESC, id DESC;
 
 -- name: listen_ferryman
 LISTEN ferryman;
@@ -356,6 +385,10 @@ LEFT JOIN LATERAL (
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
 
+-- name: prune_webhook_deliveries
+DELETE FROM webhook_deliveries
+WHERE coalesce(delivered_at, abandoned_at) < clock_timestamp() - make_interval(secs => %s);
+
 -- name: publish_deltas
 WITH chunk AS (
     SELECT * FROM unnest(
@@ -381,6 +414,17 @@ WITH chunk AS (
     DELETE FROM session_deltas WHERE created_at < %(ts)s - %(max_age)s * interval '1 second'
 )
 SELECT pg_notify('ferryman', payload) FROM unnest(%(payloads)b::text[]) AS payload;
+
+-- name: record_webhook_attempt
+UPDATE webhook_deliveries
+SET last_status = %(status)s, last_error = %(error)s,
+    delivered_at = CASE WHEN %(ok)s THEN clock_timestamp() END,
+    abandoned_at = CASE
+        WHEN NOT %(ok)s AND created_at + make_interval(secs => %(max_age)s)
+             < clock_timestamp() + make_interval(secs => %(delay)s)
+        THEN clock_timestamp() END,
+    next_attempt_at = clock_timestamp() + make_interval(secs => %(delay)s)
+WHERE id = %(id)s AND attempts = %(attempt)s;
 
 -- name: redefine_thread
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
@@ -839,4 +883,28 @@ WHERE session_id = %s AND type IN ('user_message',
     'tool_approval_decided', 'client_tool_result',
     'session_end')
 ORDER BY seq;
+
+-- name: update_webhook
+UPDATE webhooks SET url = coalesce(%(url)s, url), events = coalesce(%(events)s, events),
+                    updated_at = clock_timestamp()
+WHERE id = %(id)s AND owner_id = %(owner)s
+RETURNING id, owner_id, url, events, created_at, updated_at;
+
+-- name: webhook_deliveries
+SELECT id, session_id, type, created_at, attempts, last_status, last_error,
+       last_attempt_at, next_attempt_at, delivered_at, abandoned_at
+FROM webhook_deliveries
+WHERE webhook_id = %(id)s
+  AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: webhook_sessions
+SELECT
+    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq
+ FROM sessions WHERE id = ANY(%s);
 

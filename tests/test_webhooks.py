@@ -18,6 +18,8 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from ferryman import AsyncFerryman, Ferryman
+from ferryman.errors import ApiError
 from tests.support import (
     ServerProcess,
     StartWorker,
@@ -296,22 +298,27 @@ async def test_retried_until_accepted_and_signed(
     assert len(page["deliveries"]) == 1 and page["nextPageToken"]
 
 
-async def test_approval_request_is_delivered(
+async def test_approvals_and_questions_are_delivered(
     http: httpx.AsyncClient, start_worker: StartWorker, receiver: Receiver
 ) -> None:
     receiver.start()
-    hook = await subscribe(http, receiver.url, ["tool_approval_requested"])
+    hook = await subscribe(http, receiver.url, ["tool_approval_requested", "user_question"])
     await ready(start_worker(SENDER_ENV))
-    script = [
-        {"toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]},
-        {"text": "Saved."},
-    ]
-    session_id = await new_session(http, "note it", script=script, approvalRequired=["put_note"])
-    await wait_for_status(http, session_id, {"waiting"})
-    (payload,) = await until(lambda: receiver.accepted(hook["secret"]))
-    assert payload["type"] == "tool_approval_requested"
-    assert payload["data"]["event"]["data"]["name"] == "put_note"
-    assert payload["data"]["session"]["status"] == "waiting"
+    note = [{"toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]}]
+    ask = [{"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which one?"}}]}]
+    noting = await new_session(http, "note it", script=note, approvalRequired=["put_note"])
+    asking = await new_session(http, "ask", script=ask)
+    await wait_for_status(http, noting, {"waiting"})
+    await wait_for_status(http, asking, {"waiting"})
+    payloads = await until(
+        lambda: len(receiver.requests) >= 2 and receiver.accepted(hook["secret"])
+    )
+    by_type = {p["type"]: p["data"] for p in payloads}
+    assert by_type["tool_approval_requested"]["sessionId"] == noting
+    assert by_type["tool_approval_requested"]["event"]["data"]["name"] == "put_note"
+    assert by_type["user_question"]["sessionId"] == asking
+    assert by_type["user_question"]["event"]["data"]["question"] == "Which one?"
+    assert {d["session"]["status"] for d in by_type.values()} == {"waiting"}
 
 
 async def test_sender_killed_mid_delivery(
@@ -359,3 +366,23 @@ async def test_given_up_after_max_age(
     await ended_session(http, start_worker, {**SENDER_ENV, "FERRYMAN_WEBHOOK_MAX_AGE": "1"})
     rows = await deliveries_when(http, hook["id"], lambda rows: rows[0]["status"] == "abandoned")
     assert rows[0]["nextAttemptAt"] is None and rows[0]["attempts"] >= 1
+
+
+async def test_the_sdks_calls(api: ServerProcess, isolated_db: str) -> None:
+    _, key = create_owner_key(isolated_db)
+    with Ferryman(api.url, api_key=key) as ferryman:
+        created = ferryman.create_webhook("https://example.com/hook", ["session_end"])
+        assert created.secret and created.secret.startswith("whsec_")
+        assert ferryman.get_webhook(created.id).secret is None
+        assert [w.id for w in ferryman.list_webhooks().webhooks] == [created.id]
+        updated = ferryman.update_webhook(created.id, events=["user_question"])
+        assert updated.events == ["user_question"]
+        assert ferryman.webhook_deliveries(created.id).deliveries == []
+        with pytest.raises(ApiError) as refused:
+            ferryman.create_webhook("http://127.0.0.5/", ["session_end"])
+        assert refused.value.code == "WEBHOOK_TARGET_REFUSED"
+    async with AsyncFerryman(api.url, api_key=key) as aferryman:
+        page = await aferryman.webhook_deliveries(created.id, limit=1)
+        assert page.next_page_token is None
+        await aferryman.delete_webhook(created.id)
+        assert (await aferryman.list_webhooks()).webhooks == []

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
         SessionPage,
         ToolCatalog,
         Transcript,
+        Webhook,
+        WebhookDeliveryPage,
+        WebhookList,
     )
 
 T = TypeVar("T")
@@ -291,6 +294,32 @@ class Ferryman(ClientBase):
     def delete_assistant(self, assistant_id: str) -> None:
         """Sessions created from it go on with the version they pinned."""
         self._call(_core.delete_assistant(assistant_id))
+
+    # --- webhooks ----------------------------------------------------------------------------
+
+    def create_webhook(self, url: str, events: list[str]) -> Webhook:
+        """Subscribe `url` to `events`; the answer's `secret` is shown this once."""
+        return self._call(_core.create_webhook(url, events))
+
+    def list_webhooks(self) -> WebhookList:
+        return self._call(_core.list_webhooks())
+
+    def get_webhook(self, webhook_id: str) -> Webhook:
+        return self._call(_core.get_webhook(webhook_id))
+
+    def update_webhook(
+        self, webhook_id: str, *, url: str | None = None, events: list[str] | None = None
+    ) -> Webhook:
+        return self._call(_core.update_webhook(webhook_id, url, events))
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._call(_core.delete_webhook(webhook_id))
+
+    def webhook_deliveries(
+        self, webhook_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> WebhookDeliveryPage:
+        """The webhook's deliveries, newest first, one page."""
+        return self._call(_core.webhook_deliveries(webhook_id, limit, page_token))
 
     # --- streams -----------------------------------------------------------------------------
 
@@ -724,6 +753,32 @@ class AsyncFerryman(ClientBase):
 
     async def delete_assistant(self, assistant_id: str) -> None:
         await self._call(_core.delete_assistant(assistant_id))
+
+    # --- webhooks ----------------------------------------------------------------------------
+
+    async def create_webhook(self, url: str, events: list[str]) -> Webhook:
+        """Subscribe `url` to `events`; the answer's `secret` is shown this once."""
+        return await self._call(_core.create_webhook(url, events))
+
+    async def list_webhooks(self) -> WebhookList:
+        return await self._call(_core.list_webhooks())
+
+    async def get_webhook(self, webhook_id: str) -> Webhook:
+        return await self._call(_core.get_webhook(webhook_id))
+
+    async def update_webhook(
+        self, webhook_id: str, *, url: str | None = None, events: list[str] | None = None
+    ) -> Webhook:
+        return await self._call(_core.update_webhook(webhook_id, url, events))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        await self._call(_core.delete_webhook(webhook_id))
+
+    async def webhook_deliveries(
+        self, webhook_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> WebhookDeliveryPage:
+        """The webhook's deliveries, newest first, one page."""
+        return await self._call(_core.webhook_deliveries(webhook_id, limit, page_token))
 
     # --- streams -----------------------------------------------------------------------------
 

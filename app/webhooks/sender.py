@@ -85,9 +85,14 @@ class Sender:
         timeout = httpx2.Timeout(
             self.settings.webhook_read_timeout, connect=self.settings.webhook_connect_timeout
         )
-        # No redirects (a 3xx is a failed attempt), no proxies from the environment.
+        # No redirects (a 3xx is a failed attempt), no proxies from the environment, and no
+        # connection kept: one is made to a pinned address with one host's SNI, and must not
+        # serve another host that resolves to the same address.
         async with httpx2.AsyncClient(
-            timeout=timeout, follow_redirects=False, trust_env=False
+            timeout=timeout,
+            follow_redirects=False,
+            trust_env=False,
+            limits=httpx2.Limits(max_keepalive_connections=0),
         ) as http:
             while True:
                 sent = 0
@@ -97,6 +102,8 @@ class Sender:
                     await self._maybe_prune()
                 except UNAVAILABLE_ERRORS as exc:
                     self.outage.failed(exc)
+                except Exception:  # a bug here must not stop this process's sending for good
+                    log.exception("webhook deliveries: a round failed")
                 if sent < self.settings.webhook_batch:
                     await asyncio.sleep(self.settings.webhook_poll_interval)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -18,6 +19,7 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from app.domain import WebhookEventType
 from ferryman import AsyncFerryman, Ferryman
 from ferryman.errors import ApiError
 from tests.support import (
@@ -28,6 +30,7 @@ from tests.support import (
     create_owner_key,
     free_port,
     new_session,
+    query,
     ready,
     running,
     wait_for_status,
@@ -386,3 +389,16 @@ async def test_the_sdks_calls(api: ServerProcess, isolated_db: str) -> None:
         assert page.next_page_token is None
         await aferryman.delete_webhook(created.id)
         assert (await aferryman.list_webhooks()).webhooks == []
+
+
+async def test_the_triggers_fire_for_exactly_the_nameable_events(isolated_db: str) -> None:
+    """Migration 0019's WHEN clauses list the same types as WebhookEventType: a name added to
+    one but not the other would be accepted and never delivered, or written for nobody."""
+    rows = await query(
+        isolated_db,
+        "SELECT pg_get_triggerdef(oid) AS def FROM pg_trigger"
+        " WHERE tgname IN ('session_events_webhooks', 'owner_events_webhooks')",
+    )
+    assert len(rows) == 2
+    named = set(re.findall(r"'([a-z_]+)'::text", " ".join(row["def"] for row in rows)))
+    assert named == {str(event) for event in WebhookEventType}

@@ -83,7 +83,7 @@ class WebhookList(BaseModel):
     webhooks: list[Webhook]
 
 
-class Delivery(BaseModel):
+class WebhookDelivery(BaseModel):
     id: Uuid = Field(description="Also the `webhook-id` header of every attempt.")
     sessionId: Uuid
     type: WebhookEventType
@@ -97,8 +97,8 @@ class Delivery(BaseModel):
     deliveredAt: DateTime | None
 
 
-class DeliveryList(BaseModel):
-    deliveries: list[Delivery]
+class WebhookDeliveryList(BaseModel):
+    deliveries: list[WebhookDelivery]
     nextPageToken: str | None
 
 
@@ -227,7 +227,7 @@ async def delete_webhook(webhook_id: WebhookId, owner: Owner, db: DatabaseDep) -
 @router.get(
     "/{webhook_id}/deliveries",
     operation_id="listWebhookDeliveries",
-    response_model=DeliveryList,
+    response_model=WebhookDeliveryList,
     responses=problems(*WEBHOOK_ERRORS, 400, 422),  # INVALID_PAGE_TOKEN, a bad limit
 )
 async def list_deliveries(

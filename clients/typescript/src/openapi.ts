@@ -635,37 +635,6 @@ export interface components {
             /** @description The signing secret, `whsec_` and base64: shown only in this answer. */
             secret: string;
         };
-        /** Delivery */
-        Delivery: {
-            /**
-             * Format: uuid
-             * @description Also the `webhook-id` header of every attempt.
-             */
-            id: string;
-            /** Format: uuid */
-            sessionId: string;
-            type: components["schemas"]["WebhookEventType"];
-            /**
-             * Format: date-time
-             * @description RFC 3339, UTC
-             */
-            createdAt: string;
-            /** @description pending, delivered or abandoned (retried for too long). */
-            status: string;
-            attempts: number;
-            /** @description The receiver's last answer; null: none. */
-            lastStatusCode: number | null;
-            /** @description An excerpt of the last failure. */
-            lastError: string | null;
-            lastAttemptAt: string | null;
-            nextAttemptAt: string | null;
-            deliveredAt: string | null;
-        };
-        /** DeliveryList */
-        DeliveryList: {
-            deliveries: components["schemas"]["Delivery"][];
-            nextPageToken: string | null;
-        };
         /** ForkSession */
         ForkSession: {
             /** @description The last event of the parent's log the fork keeps (a committed seq). */
@@ -947,6 +916,37 @@ export interface components {
              * @description RFC 3339, UTC
              */
             updatedAt: string;
+        };
+        /** WebhookDelivery */
+        WebhookDelivery: {
+            /**
+             * Format: uuid
+             * @description Also the `webhook-id` header of every attempt.
+             */
+            id: string;
+            /** Format: uuid */
+            sessionId: string;
+            type: components["schemas"]["WebhookEventType"];
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            /** @description pending, delivered or abandoned (retried for too long). */
+            status: string;
+            attempts: number;
+            /** @description The receiver's last answer; null: none. */
+            lastStatusCode: number | null;
+            /** @description An excerpt of the last failure. */
+            lastError: string | null;
+            lastAttemptAt: string | null;
+            nextAttemptAt: string | null;
+            deliveredAt: string | null;
+        };
+        /** WebhookDeliveryList */
+        WebhookDeliveryList: {
+            deliveries: components["schemas"]["WebhookDelivery"][];
+            nextPageToken: string | null;
         };
         /**
          * WebhookEventType
@@ -4064,7 +4064,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["DeliveryList"];
+                    "application/json": components["schemas"]["WebhookDeliveryList"];
                 };
             };
             /** @description Bad Request */

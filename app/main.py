@@ -17,17 +17,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from app import __version__, web
-from app.api import (
-    assistants,
-    forks,
-    openapi,
-    ops,
-    problems,
-    sessions,
-    streams,
-    tools,
-    webhooks,
-)
+from app.api import assistants, forks, openapi, ops, problems, sessions, streams, tools
+from app.api import webhooks as webhook_api
 from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
 from app.db import bootstrap
@@ -126,7 +117,7 @@ def create_app(
     app.include_router(forks.router)
     app.include_router(tools.router)
     app.include_router(assistants.router)
-    app.include_router(webhooks.router)
+    app.include_router(webhook_api.router)
     app.include_router(ops.router)
 
     web.install(app)

@@ -182,6 +182,22 @@ class Settings(BaseSettings):
     jwt_jwks_max_age: float = Field(default=300.0, gt=0)
     jwt_jwks_timeout: float = Field(default=5.0, gt=0)
 
+    # Webhooks (docs/webhooks.md): hosts a webhook may point at though they are not public
+    # (comma-separated names or addresses), whether this process sends deliveries, how long
+    # one is retried, the back-off between its attempts, the bounds of one attempt, how often
+    # each process looks for due ones and how many it takes at once, how long sent ones are
+    # kept.
+    webhook_allow_hosts: str = ""
+    webhook_send: bool = True
+    webhook_max_age: float = Field(default=86_400.0, gt=0)
+    webhook_retry_initial_delay: float = Field(default=5.0, gt=0)
+    webhook_retry_max_delay: float = Field(default=3_600.0, gt=0)
+    webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
+    webhook_read_timeout: float = Field(default=15.0, gt=0, le=300)
+    webhook_poll_interval: float = Field(default=1.0, gt=0)
+    webhook_batch: int = Field(default=16, ge=1, le=1000)
+    webhook_delivery_retention_days: float = Field(default=7.0, gt=0)
+
     # Retention.
     owner_event_retention_days: float = 7.0
     deleted_session_retention_days: float = 30.0

@@ -153,6 +153,20 @@ class SessionEventType(StrEnum):
     DELEGATE_RESULT = "delegate_result"
 
 
+class WebhookEventType(StrEnum):
+    """The events a webhook subscription may name (docs/webhooks.md): the log's own type
+    names. The triggers of migration 0019 list the same names in their WHEN clauses."""
+
+    SESSION_END = "session_end"
+    SESSION_STATUS = "session_status"  # an owner event: every change of a session's status
+    TOOL_APPROVAL_REQUESTED = "tool_approval_requested"
+    USER_QUESTION = "user_question"
+
+
+MAX_WEBHOOKS_PER_OWNER = 20
+MAX_WEBHOOK_URL_CHARS = 2_048
+
+
 class SessionErrorCode(StrEnum):
     """`error.code` of a failed session (its `session_end` and the Session's `error`)."""
 

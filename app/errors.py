@@ -29,6 +29,9 @@ class ProblemCode(StrEnum):
     SCHEDULE_LIMIT_REACHED = "SCHEDULE_LIMIT_REACHED"
     SCHEDULE_CRON_INVALID = "SCHEDULE_CRON_INVALID"
     SCHEDULE_TIMEZONE_INVALID = "SCHEDULE_TIMEZONE_INVALID"
+    WEBHOOK_NOT_FOUND = "WEBHOOK_NOT_FOUND"
+    WEBHOOK_LIMIT_REACHED = "WEBHOOK_LIMIT_REACHED"
+    WEBHOOK_TARGET_REFUSED = "WEBHOOK_TARGET_REFUSED"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     SESSION_ALREADY_TERMINAL = "SESSION_ALREADY_TERMINAL"
@@ -122,6 +125,27 @@ class ScheduleTimezoneInvalid(FerrymanError):
         super().__init__(
             f"timezone: {detail}", **field_problem("timezone", detail, "timezone_invalid")
         )
+
+
+class WebhookNotFound(NotFound):
+    code = ProblemCode.WEBHOOK_NOT_FOUND
+
+    def __init__(self) -> None:
+        super().__init__("no such webhook")
+
+
+class WebhookLimitReached(FerrymanError):
+    status, code, title = 409, ProblemCode.WEBHOOK_LIMIT_REACHED, "Conflict"
+
+
+class WebhookTargetRefused(FerrymanError):
+    """A webhook URL whose host is private, link-local or loopback (and not allowed by
+    FERRYMAN_WEBHOOK_ALLOW_HOSTS), or not an http(s) URL."""
+
+    status, code, title = 422, ProblemCode.WEBHOOK_TARGET_REFUSED, "Unprocessable Content"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, errors=[{"field": "url", "message": detail, "type": "refused"}])
 
 
 class SessionAlreadyTerminal(FerrymanError):

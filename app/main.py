@@ -28,6 +28,7 @@ from app.api import (
     streams,
     tools,
 )
+from app.api import webhooks as webhook_api
 from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
 from app.db import bootstrap
@@ -38,6 +39,7 @@ from app.runtime.worker import Worker
 from app.services import Services, calm_garbage_collector
 from app.store import retention
 from app.store.notify import RUNS_CHANNEL, STREAMS_CHANNEL
+from app.webhooks.sender import Sender
 
 # What a page of another origin may read of a response beyond the simple headers: where a
 # created or streaming resource is (the LangGraph SDKs follow Content-Location to rejoin a
@@ -96,6 +98,9 @@ def create_app(
             running.push_async_callback(
                 _cancel, asyncio.create_task(_retention_loop(services), name="retention")
             )
+            if settings.webhook_send and not with_worker:  # a worker sends them itself
+                sender = Sender(settings, services.db).run()
+                running.push_async_callback(_cancel, asyncio.create_task(sender, name="webhooks"))
             if with_worker:
                 worker = Worker(settings, services.db, services.bus)
                 task = asyncio.create_task(worker.run(), name="worker")
@@ -131,6 +136,7 @@ def create_app(
     app.include_router(tools.router)
     app.include_router(assistants.router)
     app.include_router(schedules.router)
+    app.include_router(webhook_api.router)
     app.include_router(ops.router)
 
     web.install(app)

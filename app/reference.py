@@ -31,6 +31,7 @@ from app.protocols.agent_protocol import assistants as protocol_assistants
 from app.protocols.agent_protocol import runs as protocol_runs
 from app.store import deltas
 from app.streams import frames
+from app.webhooks import sender as webhook_sender
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "reference.md"
@@ -163,6 +164,21 @@ SETTINGS: dict[str, str] = {
     "jwt_jwks_max_age": "Seconds after which the cached key set is fetched again, so a withdrawn"
     " key stops being accepted; while the provider cannot be reached the old keys stay in use.",
     "jwt_jwks_timeout": "Seconds one fetch of the key set may take in all.",
+    "webhook_allow_hosts": "Hosts (names or addresses, comma-separated) a webhook may point at"
+    " though they are private, link-local or loopback ([webhooks.md](webhooks.md)).",
+    "webhook_send": "Whether this process (API or worker) sends webhook deliveries.",
+    "webhook_max_age": "Seconds a webhook delivery is retried from its event; then it is"
+    " abandoned.",
+    "webhook_retry_initial_delay": "Seconds before a failed delivery's second attempt; each"
+    " later wait doubles.",
+    "webhook_retry_max_delay": "The longest wait between a delivery's attempts, in seconds.",
+    "webhook_connect_timeout": "Seconds a delivery's attempt may take to connect.",
+    "webhook_read_timeout": "Seconds a delivery's attempt may wait for the receiver (each read;"
+    " the whole attempt is bounded by this and the connect timeout together).",
+    "webhook_poll_interval": "Seconds between a process's looks for due webhook deliveries.",
+    "webhook_batch": "Webhook deliveries a process claims and sends at once.",
+    "webhook_delivery_retention_days": "Sent and abandoned webhook deliveries are pruned after"
+    " this.",
     "owner_event_retention_days": "Owner events older than this are pruned (the newest is kept).",
     "deleted_session_retention_days": "Soft-deleted sessions are purged after this.",
     "idempotency_key_retention_hours": "How long an `Idempotency-Key` is remembered.",
@@ -182,6 +198,7 @@ LIMIT_MODULES = (
     ag_ui_schemas,
     tokens,
     cron,
+    webhook_sender,
 )
 NAMED_LIMITS: dict[str, str] = {
     "MAX_AG_UI_MESSAGES": "AG-UI: `messages` of a `RunAgentInput` (the history it resends).",
@@ -224,6 +241,10 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_CRON_CHARS": "A schedule's `cron`, in characters (more: 422 `SCHEDULE_CRON_INVALID`).",
     "MAX_TIMEZONE_CHARS": "A schedule's `timezone`, in characters (more: 422"
     " `SCHEDULE_TIMEZONE_INVALID`).",
+    "MAX_WEBHOOKS_PER_OWNER": "An owner's webhooks (more: 409 `WEBHOOK_LIMIT_REACHED`).",
+    "MAX_WEBHOOK_URL_CHARS": "A webhook's `url`, in characters.",
+    "MAX_ERROR_CHARS": "Of a webhook receiver's failed answer, what a delivery keeps as its"
+    " `lastError`, in characters.",
     "MAX_SLEEP_SECONDS": "The `sleep` tool's `seconds` (more: an error tool result).",
     "MAX_NOTE_KEY_CHARS": "A note's key, in characters (more: an error tool result).",
     "MAX_NOTE_CHARS": "A note's text, in characters (more: an error tool result).",
@@ -300,6 +321,16 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         422,
         "A schedule's `timezone` is not a key of the IANA time zone database (`Europe/Berlin`,"
         " `UTC`).",
+    ),
+    ProblemCode.WEBHOOK_NOT_FOUND: (
+        404,
+        "No such webhook for this owner (also a malformed id and another owner's).",
+    ),
+    ProblemCode.WEBHOOK_LIMIT_REACHED: (409, "A create past `MAX_WEBHOOKS_PER_OWNER`."),
+    ProblemCode.WEBHOOK_TARGET_REFUSED: (
+        422,
+        "A webhook `url` that is not http(s), carries credentials, or names a private,"
+        " link-local or loopback host not in `FERRYMAN_WEBHOOK_ALLOW_HOSTS`.",
     ),
     ProblemCode.METHOD_NOT_ALLOWED: (
         405,

@@ -16,6 +16,10 @@ pooler; their LISTEN, liveness-lock and death-watch connections go straight to P
 (FERRYMAN_DIRECT_DATABASE_URL, docs/deploy.md). `--pooled-direct` runs the workers as they run
 behind a pooler (no server-side prepared statements, limits by SET LOCAL in each BEGIN) but
 connected straight to PostgreSQL: what those two cost, without PgBouncer's hop.
+
+With `--webhook` the sessions' owner has a webhook subscribed to every event it may name, to a
+receiver in this process that answers 204 (docs/webhooks.md): the outbox's triggers, and the
+workers sending, signing and recording each delivery, in the measured time.
 """
 
 from __future__ import annotations
@@ -27,14 +31,19 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
 from app.db.pool import Database
+from app.domain import WebhookEventType
 from app.store import sessions as session_store
+from app.store import webhooks as webhook_store
 from tests.pgbouncer import PGBOUNCER, pgbouncer
 from tests.support import WorkerProcess, fresh_database, server_url
 
@@ -66,10 +75,36 @@ def run_pgbench(url: str, clients: int, seconds: int) -> float:
     raise RuntimeError(f"no tps in pgbench output:\n{out}")
 
 
-async def create_sessions(url: str, count: int) -> None:
+class _Accept(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def receiver() -> Iterator[str]:
+    """A webhook receiver that accepts everything; its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def create_sessions(url: str, count: int, webhook: str | None = None) -> None:
     db = Database(url, min_size=1, max_size=4)
     await db.pool.open(wait=True)
     try:
+        if webhook is not None:
+            async with db.transaction() as conn:
+                events = [str(event) for event in WebhookEventType]
+                await webhook_store.create(conn, "bench", webhook, events, "whsec_" + "A" * 43)
         for index in range(count):
             async with db.transaction() as conn:
                 await session_store.create_session(
@@ -111,6 +146,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument(
+        "--webhook", action="store_true", help="the owner subscribed to every webhook event"
+    )
+    parser.add_argument(
         "--pgbouncer",
         action="store_true",
         help="the workers' pools through pgbouncer in transaction mode (LISTEN and liveness "
@@ -140,10 +178,14 @@ def main() -> None:
             # Another spelling of the same server: to Ferryman, a pooler in front of it.
             worker_url = make_conninfo(url, application_name="ferryman-pooled")
             worker_env = {"FERRYMAN_DIRECT_DATABASE_URL": url}
+        webhook = None
+        if args.webhook:
+            webhook = stack.enter_context(receiver())
+            worker_env = {**worker_env, "FERRYMAN_WEBHOOK_ALLOW_HOSTS": "127.0.0.1"}
         print(f"pgbench -N, {args.workers * 4} clients, {args.pgbench_seconds} s ...", flush=True)
         ceiling = run_pgbench(pg_url, args.workers * 4, args.pgbench_seconds)
         print(f"creating {args.sessions} sessions ...", flush=True)
-        asyncio.run(create_sessions(url, args.sessions))
+        asyncio.run(create_sessions(url, args.sessions, webhook))
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SELECT pg_stat_clear_snapshot()")
             before = commits(conn)  # type: ignore[arg-type]
@@ -167,6 +209,14 @@ def main() -> None:
             finally:
                 for worker in workers:
                     worker.stop()
+            if args.webhook:
+                row = conn.execute(
+                    "SELECT count(*), count(delivered_at) FROM webhook_deliveries"
+                ).fetchone()
+                print(
+                    f"webhook deliveries: {row[0] if row else 0} written,"
+                    f" {row[1] if row else 0} delivered when the last session ended"
+                )
             time.sleep(2)  # backends flush their commit counts to pg_stat at most every second
             conn.execute("SELECT pg_stat_clear_snapshot()")
             after = commits(conn)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from app.store import tools as tool_store
 from app.store.events import Fence, fence_errors
 from app.store.notify import WORK_KEY, WORKERS_KEY, cancel_key, inbox_key
 from app.store.run_writes import Batch
+from app.webhooks.sender import Sender
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,10 @@ class Worker:
         self.work.set()
         self.slot_freed.set()
 
+    async def _send_webhooks(self) -> None:
+        if self.settings.webhook_send:
+            await Sender(self.settings, self.db).run()
+
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
         # The liveness lock and the death watch's looks at its peer's are a session's: both on
@@ -176,6 +181,8 @@ class Worker:
         scheduler = asyncio.create_task(
             run_scheduler(self.db, self.settings, self.stopping), name="scheduler"
         )
+        # The webhooks' outbox: any process may send its deliveries (app/webhooks/sender.py).
+        sender = asyncio.create_task(self._send_webhooks(), name="webhooks")
         try:
             with (
                 self.bus.subscribe(WORK_KEY, lambda _: self.work.set()),
@@ -201,8 +208,9 @@ class Worker:
             # releases its lease so another worker takes over at once.
             watcher.cancel()
             scheduler.cancel()  # a firing in flight rolls back whole
+            sender.cancel()
             self._abort_all("shutdown")
-            await asyncio.gather(watcher, scheduler, *self.tasks, return_exceptions=True)
+            await asyncio.gather(watcher, scheduler, sender, *self.tasks, return_exceptions=True)
             await asyncio.gather(*(server.stop() for server in self.mcp_servers))
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)

@@ -132,6 +132,23 @@ CROSS JOIN LATERAL (
     WHERE e.upto <= %(head_bytes)s) h
 ORDER BY s.claim_key;
 
+-- name: claim_webhook_deliveries
+WITH due AS (
+    SELECT id FROM webhook_deliveries
+    WHERE delivered_at IS NULL AND abandoned_at IS NULL
+      AND next_attempt_at <= clock_timestamp()
+    ORDER BY next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE webhook_deliveries d
+SET attempts = d.attempts + 1, last_attempt_at = clock_timestamp(),
+    next_attempt_at = clock_timestamp() + make_interval(secs => %(hold)s)
+FROM due, webhooks w
+WHERE d.id = due.id AND w.id = d.webhook_id
+RETURNING d.id, d.webhook_id, d.session_id, d.type, d.event, d.created_at, d.attempts,
+          w.url, w.secret;
+
 -- name: client_call_events
 SELECT seq, type, data FROM session_events
 WHERE session_id = %s AND data->>'toolCallId' = %s
@@ -201,6 +218,11 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+
+-- name: create_webhook
+INSERT INTO webhooks (id, owner_id, url, events, secret)
+VALUES (%(id)s, %(owner)s, %(url)s, %(events)s, %(secret)s)
+RETURNING id, owner_id, url, events, created_at, updated_at;
 
 -- name: delegate_graph
 SELECT a.id::text AS id, v.delegates
@@ -308,6 +330,9 @@ SELECT
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
+-- name: get_webhook
+SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE id = %s AND owner_id = %s;
+
 -- name: insert_assistant_version
 INSERT INTO assistant_versions (assistant_id, version, name, description, model,
                                 instructions, model_settings, tools, approval_required,
@@ -348,6 +373,10 @@ FROM sessions
      AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
    ORDER BY created_at DESC, id DESC
    LIMIT %(limit)s;
+
+-- name: list_webhooks
+SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s
+ORDER BY created_at DESC, id DESC;
 
 -- name: listen_ferryman
 LISTEN ferryman;
@@ -453,6 +482,10 @@ DELETE FROM schedule_firings WHERE schedule_id = %(schedule)s AND tick < (
     ORDER BY tick DESC OFFSET 9 LIMIT 1
 );
 
+-- name: prune_webhook_deliveries
+DELETE FROM webhook_deliveries
+WHERE coalesce(delivered_at, abandoned_at) < clock_timestamp() - make_interval(secs => %s);
+
 -- name: publish_deltas
 WITH chunk AS (
     SELECT * FROM unnest(
@@ -485,6 +518,17 @@ VALUES (%(schedule)s, %(tick)s, %(outcome)s, %(catch_up)s, %(session)s, %(detail
 ON CONFLICT (schedule_id, tick) DO UPDATE
     SET outcome = excluded.outcome, session_id = excluded.session_id,
         detail = excluded.detail, at = clock_timestamp();
+
+-- name: record_webhook_attempt
+UPDATE webhook_deliveries
+SET last_status = %(status)s, last_error = %(error)s,
+    delivered_at = CASE WHEN %(ok)s THEN clock_timestamp() END,
+    abandoned_at = CASE
+        WHEN NOT %(ok)s AND created_at + make_interval(secs => %(max_age)s)
+             < clock_timestamp() + make_interval(secs => %(delay)s)
+        THEN clock_timestamp() END,
+    next_attempt_at = clock_timestamp() + make_interval(secs => %(delay)s)
+WHERE id = %(id)s AND attempts = %(attempt)s;
 
 -- name: redefine_thread
 UPDATE sessions SET model = %(model)s, script = %(script)s, tools = %(tools)s,
@@ -976,4 +1020,29 @@ WHERE id = %(id)s AND owner_id = %(owner)s
 RETURNING
 id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
 next_run_at, pending_tick, last_session_id, created_at, updated_at;
+
+-- name: update_webhook
+UPDATE webhooks SET url = coalesce(%(url)s, url), events = coalesce(%(events)s, events),
+                    updated_at = clock_timestamp()
+WHERE id = %(id)s AND owner_id = %(owner)s
+RETURNING id, owner_id, url, events, created_at, updated_at;
+
+-- name: webhook_deliveries
+SELECT id, session_id, type, created_at, attempts, last_status, last_error,
+       last_attempt_at, next_attempt_at, delivered_at, abandoned_at
+FROM webhook_deliveries
+WHERE webhook_id = %(id)s
+  AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: webhook_sessions
+SELECT
+    id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+    error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+ FROM sessions WHERE id = ANY(%s);
 

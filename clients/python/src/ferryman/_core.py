@@ -33,6 +33,9 @@ if TYPE_CHECKING:
         SessionPage,
         ToolCatalog,
         Transcript,
+        Webhook,
+        WebhookDeliveryPage,
+        WebhookList,
     )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -260,6 +263,11 @@ class Unset:
 UNSET = Unset()
 
 
+def _page(limit: int, page_token: str | None) -> dict[str, Any]:
+    """The query of one page of a list."""
+    return {"limit": limit, **({"pageToken": page_token} if page_token else {})}
+
+
 def _assistant_path(assistant_id: str) -> str:
     return f"/api/assistants/{_segment(assistant_id)}"
 
@@ -315,11 +323,8 @@ def update_assistant(assistant_id: str, changes: dict[str, Any]) -> Call[Assista
 def assistant_versions(
     assistant_id: str, limit: int, page_token: str | None
 ) -> Call[AssistantVersions]:
-    params: dict[str, Any] = {"limit": limit}
-    if page_token:
-        params["pageToken"] = page_token
     path = f"{_assistant_path(assistant_id)}/versions"
-    return Call("GET", path, _model("AssistantVersions"), params=params)
+    return Call("GET", path, _model("AssistantVersions"), params=_page(limit, page_token))
 
 
 def delete_assistant(assistant_id: str) -> Call[None]:
@@ -349,10 +354,7 @@ def create_schedule(cron: str, prompt: str, fields: dict[str, Any]) -> Call[Sche
 
 
 def list_schedules(limit: int, page_token: str | None) -> Call[SchedulePage]:
-    params: dict[str, Any] = {"limit": limit}
-    if page_token:
-        params["pageToken"] = page_token
-    return Call("GET", "/api/schedules", _model("SchedulePage"), params=params)
+    return Call("GET", "/api/schedules", _model("SchedulePage"), params=_page(limit, page_token))
 
 
 def get_schedule(schedule_id: str) -> Call[Schedule]:
@@ -367,6 +369,40 @@ def update_schedule(schedule_id: str, changes: dict[str, Any]) -> Call[Schedule]
 
 def delete_schedule(schedule_id: str) -> Call[None]:
     return Call("DELETE", _schedule_path(schedule_id), _nothing)
+
+
+def _webhook_path(webhook_id: str) -> str:
+    return f"/api/webhooks/{_segment(webhook_id)}"
+
+
+def create_webhook(url: str, events: list[str]) -> Call[Webhook]:
+    body = {"url": url, "events": events}
+    return Call("POST", "/api/webhooks", _model("Webhook"), json=body)
+
+
+def list_webhooks() -> Call[WebhookList]:
+    return Call("GET", "/api/webhooks", _model("WebhookList"))
+
+
+def get_webhook(webhook_id: str) -> Call[Webhook]:
+    return Call("GET", _webhook_path(webhook_id), _model("Webhook"))
+
+
+def update_webhook(webhook_id: str, url: str | None, events: list[str] | None) -> Call[Webhook]:
+    fields = {"url": url, "events": events}
+    body = {key: value for key, value in fields.items() if value is not None}
+    return Call("PATCH", _webhook_path(webhook_id), _model("Webhook"), json=body)
+
+
+def delete_webhook(webhook_id: str) -> Call[None]:
+    return Call("DELETE", _webhook_path(webhook_id), _nothing)
+
+
+def webhook_deliveries(
+    webhook_id: str, limit: int, page_token: str | None
+) -> Call[WebhookDeliveryPage]:
+    path = f"{_webhook_path(webhook_id)}/deliveries"
+    return Call("GET", path, _model("WebhookDeliveryPage"), params=_page(limit, page_token))
 
 
 def list_tools() -> Call[ToolCatalog]:

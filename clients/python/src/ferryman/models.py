@@ -39,6 +39,10 @@ __all__ = [
     "ToolInfo",
     "Transcript",
     "Usage",
+    "Webhook",
+    "WebhookDelivery",
+    "WebhookDeliveryPage",
+    "WebhookList",
 ]
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -153,6 +157,40 @@ class Schedule(Model):
 
 class SchedulePage(Model):
     schedules: list[Schedule]
+    next_page_token: str | None = None
+
+
+class Webhook(Model):
+    """A subscription to events of the owner's sessions (docs/webhooks.md)."""
+
+    id: str
+    url: str
+    events: list[str]
+    created_at: datetime
+    updated_at: datetime
+    secret: str | None = None  # the signing secret: only in the answer to a create
+
+
+class WebhookList(Model):
+    webhooks: list[Webhook]
+
+
+class WebhookDelivery(Model):
+    id: str  # also the `webhook-id` header of each attempt
+    session_id: str
+    type: str
+    created_at: datetime
+    status: str  # pending, delivered, abandoned
+    attempts: int
+    last_status_code: int | None = None
+    last_error: str | None = None
+    last_attempt_at: datetime | None = None
+    next_attempt_at: datetime | None = None
+    delivered_at: datetime | None = None
+
+
+class WebhookDeliveryPage(Model):
+    deliveries: list[WebhookDelivery]  # newest first
     next_page_token: str | None = None
 
 

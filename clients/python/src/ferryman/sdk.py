@@ -47,6 +47,9 @@ if TYPE_CHECKING:
         SessionPage,
         ToolCatalog,
         Transcript,
+        Webhook,
+        WebhookDeliveryPage,
+        WebhookList,
     )
 
 T = TypeVar("T")
@@ -340,6 +343,32 @@ class Ferryman(ClientBase):
     def delete_schedule(self, schedule_id: str) -> None:
         """It fires no more; the sessions it fired stay."""
         self._call(_core.delete_schedule(schedule_id))
+
+    # --- webhooks ----------------------------------------------------------------------------
+
+    def create_webhook(self, url: str, events: list[str]) -> Webhook:
+        """Subscribe `url` to `events`; the answer's `secret` is shown this once."""
+        return self._call(_core.create_webhook(url, events))
+
+    def list_webhooks(self) -> WebhookList:
+        return self._call(_core.list_webhooks())
+
+    def get_webhook(self, webhook_id: str) -> Webhook:
+        return self._call(_core.get_webhook(webhook_id))
+
+    def update_webhook(
+        self, webhook_id: str, *, url: str | None = None, events: list[str] | None = None
+    ) -> Webhook:
+        return self._call(_core.update_webhook(webhook_id, url, events))
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._call(_core.delete_webhook(webhook_id))
+
+    def webhook_deliveries(
+        self, webhook_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> WebhookDeliveryPage:
+        """The webhook's deliveries, newest first, one page."""
+        return self._call(_core.webhook_deliveries(webhook_id, limit, page_token))
 
     # --- streams -----------------------------------------------------------------------------
 
@@ -867,6 +896,32 @@ class AsyncFerryman(ClientBase):
     async def delete_schedule(self, schedule_id: str) -> None:
         """It fires no more; the sessions it fired stay."""
         await self._call(_core.delete_schedule(schedule_id))
+
+    # --- webhooks ----------------------------------------------------------------------------
+
+    async def create_webhook(self, url: str, events: list[str]) -> Webhook:
+        """Subscribe `url` to `events`; the answer's `secret` is shown this once."""
+        return await self._call(_core.create_webhook(url, events))
+
+    async def list_webhooks(self) -> WebhookList:
+        return await self._call(_core.list_webhooks())
+
+    async def get_webhook(self, webhook_id: str) -> Webhook:
+        return await self._call(_core.get_webhook(webhook_id))
+
+    async def update_webhook(
+        self, webhook_id: str, *, url: str | None = None, events: list[str] | None = None
+    ) -> Webhook:
+        return await self._call(_core.update_webhook(webhook_id, url, events))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        await self._call(_core.delete_webhook(webhook_id))
+
+    async def webhook_deliveries(
+        self, webhook_id: str, *, limit: int = 50, page_token: str | None = None
+    ) -> WebhookDeliveryPage:
+        """The webhook's deliveries, newest first, one page."""
+        return await self._call(_core.webhook_deliveries(webhook_id, limit, page_token))
 
     # --- streams -----------------------------------------------------------------------------
 

@@ -343,7 +343,8 @@ def test_a_delta_of_a_turn_that_ended_is_stale_and_the_cursor_holds_chunks() -> 
 
 def test_a_delegate_call_runs_until_its_result_and_names_its_child() -> None:
     """docs/delegation.md: `delegate_call` starts the call with its child session's id; the
-    `tool_result` the parent writes at the child's end settles it."""
+    child's end (`delegate_result`) shows on it; the `tool_result` the parent's run writes
+    settles it."""
     call = {"id": "c1", "name": "agent__researcher", "arguments": {"task": "look"}}
     folding = SessionFold()
     folding.apply(durable(1, "assistant_message", {"text": "", "toolCalls": [call]}))
@@ -353,6 +354,12 @@ def test_a_delegate_call_runs_until_its_result_and_names_its_child() -> None:
     assert folding.tool_calls["c1"].child_session_id == "k1"
     end = {"toolCallId": "c1", "childSessionId": "k1", "status": "succeeded", "answer": "A"}
     folding.apply(durable(3, "delegate_result", end))
+    ended = folding.tool_calls["c1"]
+    assert ended.status == "running"  # until the parent's run answers it
+    assert ended.delegated is not None and (ended.delegated.status, ended.delegated.answer) == (
+        "succeeded",
+        "A",
+    )
     result = {"toolCallId": "c1", "name": call["name"], "isError": False, "content": "A"}
     folding.apply(durable(4, "tool_result", result))
     settled = folding.tool_calls["c1"]

@@ -46,6 +46,16 @@ class Message:
 
 
 @dataclass(frozen=True)
+class DelegateResult:
+    """A delegate call's child ended (`delegate_result`): its status, and its final answer or
+    its error. The call itself runs on until the parent's next run answers it."""
+
+    status: str
+    answer: str | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ToolCall:
     id: str
     name: str
@@ -57,6 +67,7 @@ class ToolCall:
     interrupted: bool = False
     # A delegate call's child session (docs/delegation.md): the call runs while it does.
     child_session_id: str | None = None
+    delegated: DelegateResult | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,17 @@ class SessionFold:
         child = str(data.get("childSessionId") or "") or None
         self._set_call(self._call(data), status="running", child_session_id=child)
 
+    def _delegate_result(self, seq: int, data: Mapping[str, Any]) -> None:
+        answer = data.get("answer")
+        error = data.get("error")
+        delegated = DelegateResult(
+            str(data.get("status", "")),
+            None if answer is None else str(answer),
+            dict(error) if isinstance(error, Mapping) else None,
+        )
+        child = str(data.get("childSessionId") or "") or None
+        self._set_call(self._call(data), child_session_id=child, delegated=delegated)
+
     def _tool_result(self, seq: int, data: Mapping[str, Any]) -> None:
         content = str(data.get("content", ""))
         status: ToolCallStatus = "succeeded"
@@ -274,6 +296,7 @@ _HANDLERS: dict[str, _Handler] = {
     "assistant_message": SessionFold._assistant_message,
     "tool_call_start": SessionFold._tool_call_start,
     "delegate_call": SessionFold._delegate_call,
+    "delegate_result": SessionFold._delegate_result,
     "tool_result": SessionFold._tool_result,
     "tool_approval_requested": SessionFold._approval_requested,
     "tool_approval_decided": SessionFold._approval_decided,

@@ -477,3 +477,35 @@ async def test_a_30_turn_session_outgrows_a_512_token_context_only_with_compacti
     assert len(answers) == 30 and {a["data"]["text"] for a in answers} == {PLAIN_ANSWER}
     assert len(of_type(events, "session_compacted")) >= 5
     assert all(a["data"]["usage"]["inputTokens"] < 512 for a in answers)
+
+
+async def test_a_fork_after_compactions_goes_on_from_the_compacted_view(
+    api: ServerProcess, key: str, start_worker: StartWorker
+) -> None:
+    """A fork copies the log with its `session_compacted` events, so the fork's model sees the
+    summary too: a follow-up to a fork of a compacted session needs no compaction of its own,
+    as it would if the copied events were read as a conversation never compacted."""
+    await ready(start_worker(FAST))
+    script = [*note_turns(12), {"text": "all saved"}]
+    compaction = {"triggerTokens": 600, "keepRecentTurns": 1}
+    async with client(api.url, key) as http:
+        sid = await new_session(http, "save twelve notes", script=script, compaction=compaction)
+        assert (await finished(http, sid))["status"] == "succeeded"
+        events = await transcript(http, sid)
+        assert len(of_type(events, "session_compacted")) >= 2
+        answer = of_type(events, "assistant_message")[-1]["seq"]
+        made = await http.post(f"/api/agent/{sid}/fork", json={"atSeq": answer})
+        assert made.status_code == 201, made.text
+        fork = made.json()["id"]
+        assert made.json()["status"] == "idle"
+        sent = await http.post(f"/api/agent/{fork}/messages", json={"text": "and now?"})
+        assert sent.status_code == 202, sent.text
+        assert (await finished(http, fork))["status"] == "succeeded"
+        forked = await transcript(http, fork)
+    copied = [e for e in forked if e["seq"] <= answer]
+    assert [e["type"] for e in copied] == [e["type"] for e in events if e["seq"] <= answer]
+    after = [e for e in forked if e["seq"] > answer]
+    assert [e["data"]["text"] for e in of_type(after, "assistant_message")] == [
+        "You said: and now?"
+    ]
+    assert of_type(after, "session_compacted") == []

@@ -132,7 +132,9 @@ async def test_a_failed_child_is_an_error_result_and_a_question_waits_on_the_par
         calls = await delegate_calls(http, sid, 2)
         asking = calls[0]["childSessionId"]
         await wait_for_status(http, asking, {"waiting"})
-        assert (await http.get(f"/api/agent/{sid}")).json()["status"] == "waiting"
+        # The parent waits too: once its run has ended (its write may follow the child's
+        # question) and, after the broken child's failure re-queued it, ended again.
+        await wait_for_status(http, sid, {"waiting"})
         await http.post(f"/api/agent/{asking}/messages", json={"text": "red"})
         done = await wait_for_status(http, sid, TERMINAL)
         events = await transcript(http, sid)
@@ -157,7 +159,7 @@ async def test_a_worker_killed_while_the_child_runs_makes_no_second_child(
         (made,) = await delegate_calls(http, sid)
         child = made["childSessionId"]
         await wait_event(http, child, lambda e: e["type"] == "tool_call_start")
-        assert (await http.get(f"/api/agent/{sid}")).json()["status"] == "waiting"
+        await wait_for_status(http, sid, {"waiting"})  # its run's end may follow the child's start
         victim.signal(signal.SIGKILL)
         await ready(start_worker())
         done = await wait_for_status(http, sid, TERMINAL, timeout=40)

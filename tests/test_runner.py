@@ -391,12 +391,14 @@ async def test_steering_a_running_session(
 ) -> None:
     await ready(shared_worker)
     async with client(api.url, key) as http:
-        # The script runs out after the sleep: the next turn echoes the last user message.
+        # The script runs out after the sleep: the next turn echoes the last user message. The
+        # sleep outlasts the steer's request on a loaded machine (taken after the run's last
+        # turn, a message queues a second run instead).
         sid = await new_session(
             http,
             "original prompt",
             script=[
-                {"text": "napping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 1}}]}
+                {"text": "napping", "toolCalls": [{"name": "sleep", "arguments": {"seconds": 3}}]}
             ],
         )
         await wait_event(http, sid, lambda e: e["type"] == "tool_call_start")

@@ -103,6 +103,11 @@ ToolName = Annotated[str, Field(min_length=1, max_length=200, pattern=TOOL_NAME_
 Title = Annotated[Text, Field(min_length=1, max_length=MAX_TITLE_CHARS)]
 
 
+def shown_when_set(description: str) -> Any:
+    """A field left out of the answer while it is None (sessions without it read as before)."""
+    return Field(default=None, exclude_if=lambda v: v is None, description=description)
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -438,13 +443,9 @@ class Assistant(BaseModel):
     compaction: Compaction | None = Field(
         default=None, description="Taken by its sessions unless they give their own."
     )
-    delegates: list[Uuid] | None = Field(
-        default=None, exclude_if=lambda v: v is None, description="Absent: none."
-    )
-    script: list[dict[str, Any]] | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="The scripted model's turns as given (ScriptTurn); absent: none.",
+    delegates: list[Uuid] | None = shown_when_set("Absent: none.")
+    script: list[dict[str, Any]] | None = shown_when_set(
+        "The scripted model's turns as given (ScriptTurn); absent: none."
     )
     version: int = Field(description="1 at create; each PATCH writes the next.")
     createdAt: DateTime
@@ -653,35 +654,23 @@ class Session(BaseModel):
         " turn and resume), or null."
     )
     usage: Usage
-    clientTools: list[ClientTool] | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="The tools its client declared (absent: none).",
+    clientTools: list[ClientTool] | None = shown_when_set(
+        "The tools its client declared (absent: none)."
     )
-    compaction: Compaction | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="When and how its conversation is compacted (absent: never).",
+    compaction: Compaction | None = shown_when_set(
+        "When and how its conversation is compacted (absent: never)."
     )
-    forkedFrom: ForkedFrom | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="Where a fork's history came from (absent: not a fork).",
+    forkedFrom: ForkedFrom | None = shown_when_set(
+        "Where a fork's history came from (absent: not a fork)."
     )
-    delegates: list[Uuid] | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="The assistants it may delegate to (absent: none).",
+    delegates: list[Uuid] | None = shown_when_set(
+        "The assistants it may delegate to (absent: none)."
     )
-    parent: Parent | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="The delegate call that made it (absent: not a delegate's child).",
+    parent: Parent | None = shown_when_set(
+        "The delegate call that made it (absent: not a delegate's child)."
     )
-    schedule: ScheduleRef | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="The schedule that fired it and the tick it fired for (absent: none).",
+    schedule: ScheduleRef | None = shown_when_set(
+        "The schedule that fired it and the tick it fired for (absent: none)."
     )
 
 

@@ -1,8 +1,11 @@
-"""Dependencies as `Annotated` aliases: the services, the database, the calling owner."""
+"""Dependencies as `Annotated` aliases: the services, the database, the caller and its owner."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+from uuid import UUID
 
 from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -35,20 +38,30 @@ async def get_db(services: ServicesDep) -> Database:
 DatabaseDep = Annotated[Database, Depends(get_db)]
 
 
-async def resolve_owner(services: Services, request: Request, token: str | None) -> str:
-    """The one place a request's credential becomes its owner, in every auth mode."""
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the owner and, in keys mode, the key with its policy (`api_keys.policy`,
+    docs/tenants.md: `{}` is a key with the defaults). Local and jwt callers have no key."""
+
+    owner: str
+    key_id: UUID | None = None
+    policy: Mapping[str, Any] = field(default_factory=dict)
+
+
+async def resolve_caller(services: Services, request: Request, token: str | None) -> Caller:
+    """The one place a request's credential becomes its caller, in every auth mode."""
     if services.tokens is not None:
-        return await _token_owner(services.tokens, request, token)
+        return Caller(await _token_owner(services.tokens, request, token))
     if token is None and request.headers.get("authorization"):
         raise InvalidApiKey("the Authorization header must be `Bearer <api key>`")
     if token:
         async with services.db.connection() as conn:
-            owner = await keys.owner_for_key(conn, token)
-        if owner is None:
+            row = await keys.find_key(conn, token)
+        if row is None:
             raise InvalidApiKey("the API key is unknown or revoked")
-        return owner
+        return Caller(row["owner_id"], row["id"], row["policy"])
     if services.settings.auth_mode == "local":
-        return LOCAL_OWNER
+        return Caller(LOCAL_OWNER)
     raise AuthRequired("an API key is required: send `Authorization: Bearer <key>`")
 
 
@@ -62,16 +75,18 @@ async def _token_owner(tokens: TokenVerifier, request: Request, token: str | Non
     )
 
 
-async def current_owner(
+# Each caller dependency is resolved once a request (FastAPI caches a dependency per request), so
+# a route that takes both the Caller and its Owner reads the key once.
+async def current_caller(
     services: ServicesDep,
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
+) -> Caller:
     token = credentials.credentials if credentials else None
-    return await resolve_owner(services, request, token)
+    return await resolve_caller(services, request, token)
 
 
-async def current_stream_owner(
+async def current_stream_caller(
     services: ServicesDep,
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -83,19 +98,36 @@ async def current_stream_owner(
             " EventSource, which cannot send headers. Access logs are off, so it is not logged.",
         ),
     ] = None,
-) -> str:
+) -> Caller:
     token = credentials.credentials if credentials else access_token
-    return await resolve_owner(services, request, token)
+    return await resolve_caller(services, request, token)
 
 
-async def current_protocol_owner(
+async def current_protocol_caller(
     services: ServicesDep,
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
+) -> Caller:
     """The Agent Protocol's caller: the LangGraph SDKs send the key as `x-api-key`."""
     token = credentials.credentials if credentials else request.headers.get("x-api-key")
-    return await resolve_owner(services, request, token or None)
+    return await resolve_caller(services, request, token or None)
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
+ProtocolCaller = Annotated[Caller, Depends(current_protocol_caller)]
+StreamCaller = Annotated[Caller, Depends(current_stream_caller)]
+
+
+async def current_owner(caller: CallerDep) -> str:
+    return caller.owner
+
+
+async def current_protocol_owner(caller: ProtocolCaller) -> str:
+    return caller.owner
+
+
+async def current_stream_owner(caller: StreamCaller) -> str:
+    return caller.owner
 
 
 Owner = Annotated[str, Depends(current_owner)]

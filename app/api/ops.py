@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from psycopg_pool import PoolTimeout
 
 from app.api import schemas
-from app.api.deps import ServicesDep, resolve_owner
+from app.api.deps import ServicesDep, resolve_caller
 from app.api.openapi import problems
 from app.api.problems import problem
 from app.db import migrate
@@ -86,7 +86,7 @@ async def _metrics_access(services: ServicesDep, request: Request) -> None:
         if not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
             raise InvalidApiKey("this is not FERRYMAN_METRICS_TOKEN")
         return
-    await resolve_owner(services, request, token)
+    await resolve_caller(services, request, token)
 
 
 @router.get(

@@ -29,7 +29,7 @@ async def create_key(conn: Connection, owner_id: str, name: str) -> tuple[dict[s
     cur = await conn.execute(
         """
         INSERT INTO api_keys (id, owner_id, name, prefix, key_hash) VALUES (%s, %s, %s, %s, %s)
-        RETURNING id, owner_id, name, prefix, created_at, last_used_at, revoked_at
+        RETURNING id, owner_id, name, prefix, policy, created_at, last_used_at, revoked_at
         """,
         (uuid4(), owner_id, name, key[:10], hash_key(key)),
     )
@@ -38,14 +38,13 @@ async def create_key(conn: Connection, owner_id: str, name: str) -> tuple[dict[s
     return row, key
 
 
-async def owner_for_key(conn: Connection, key: str) -> str | None:
-    """The owner of an unrevoked key, or None."""
+async def find_key(conn: Connection, key: str) -> dict[str, Any] | None:
+    """An unrevoked key's id, owner and policy, or None."""
     cur = await conn.execute(
-        "SELECT owner_id FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
+        "SELECT id, owner_id, policy FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
         (hash_key(key),),
     )
-    row = await cur.fetchone()
-    return row["owner_id"] if row else None
+    return await cur.fetchone()
 
 
 async def any_active(conn: Connection) -> bool:
@@ -56,7 +55,8 @@ async def any_active(conn: Connection) -> bool:
 async def list_keys(conn: Connection, owner_id: str | None) -> list[dict[str, Any]]:
     cur = await conn.execute(
         """
-        SELECT id, owner_id, name, prefix, created_at, last_used_at, revoked_at FROM api_keys
+        SELECT id, owner_id, name, prefix, policy, created_at, last_used_at, revoked_at
+        FROM api_keys
         WHERE %(owner)s::text IS NULL OR owner_id = %(owner)s ORDER BY created_at
         """,
         {"owner": owner_id},

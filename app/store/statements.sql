@@ -299,13 +299,15 @@ WHERE a.id = %(id)s AND a.owner_id = %(owner)s AND a.deleted_at IS NULL;
 -- name: get_schedule
 SELECT
     id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-    next_run_at, pending_tick, last_session_id, created_at, updated_at
+    next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+    created_at, updated_at
  FROM schedules WHERE id = %s AND owner_id = %s;
 
 -- name: get_schedule_for_update
 SELECT
     id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-    next_run_at, pending_tick, last_session_id, created_at, updated_at
+    next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+    created_at, updated_at
  FROM schedules WHERE id = %s AND owner_id = %s FOR UPDATE;
 
 -- name: get_session
@@ -342,16 +344,18 @@ VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instruction
         %(delegates)s, %(script)s);
 
 -- name: insert_schedule
-INSERT INTO schedules (id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition, next_run_at, pending_tick)
-VALUES (%(id)s, %(owner)s, %(cron)s, %(timezone)s, %(enabled)s, %(overlap)s, %(title)s, %(prompt)s, %(request)s, %(definition)s, %(next_run_at)s, %(pending_tick)s)
+INSERT INTO schedules (id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition, next_run_at, pending_tick, session_id, end_time, agent_protocol)
+VALUES (%(id)s, %(owner)s, %(cron)s, %(timezone)s, %(enabled)s, %(overlap)s, %(title)s, %(prompt)s, %(request)s, %(definition)s, %(next_run_at)s, %(pending_tick)s, %(session_id)s, %(end_time)s, %(agent_protocol)s)
 RETURNING
 id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-next_run_at, pending_tick, last_session_id, created_at, updated_at;
+next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+created_at, updated_at;
 
 -- name: list_schedules
 SELECT
    id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-   next_run_at, pending_tick, last_session_id, created_at, updated_at
+   next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+   created_at, updated_at
 FROM schedules
    WHERE owner_id = %(owner)s
      AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
@@ -410,12 +414,13 @@ WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: lock_due_schedule
 WITH t AS (SELECT clock_timestamp() AS now)
-SELECT sc.id, sc.owner_id, sc.cron, sc.timezone, sc.enabled, sc.overlap, sc.title, sc.prompt, sc.request, sc.definition, sc.next_run_at, sc.pending_tick, sc.last_session_id, sc.created_at, sc.updated_at,
+SELECT sc.id, sc.owner_id, sc.cron, sc.timezone, sc.enabled, sc.overlap, sc.title, sc.prompt, sc.request, sc.definition, sc.next_run_at, sc.pending_tick, sc.last_session_id, sc.session_id, sc.end_time, sc.agent_protocol, sc.created_at, sc.updated_at,
        t.now, s.status AS last_status
-FROM t, schedules sc LEFT JOIN sessions s ON s.id = sc.last_session_id
+FROM t, schedules sc
+    LEFT JOIN sessions s ON s.id = coalesce(sc.session_id, sc.last_session_id)
 WHERE sc.enabled
   AND (sc.next_run_at <= t.now
-       OR (sc.pending_tick IS NOT NULL AND (s.status IS NULL OR s.status IN ('cancelled', 'failed', 'succeeded'))))
+       OR (sc.pending_tick IS NOT NULL AND (s.status IS NULL OR s.status IN ('cancelled', 'failed', 'idle', 'succeeded'))))
 ORDER BY sc.next_run_at
 LIMIT 1
 FOR UPDATE OF sc SKIP LOCKED;
@@ -1014,12 +1019,13 @@ WHERE session_id = %s AND type IN ('user_message',
 ORDER BY seq;
 
 -- name: update_schedule
-UPDATE schedules SET cron = %(cron)s, timezone = %(timezone)s, enabled = %(enabled)s, overlap = %(overlap)s, title = %(title)s, prompt = %(prompt)s, request = %(request)s, definition = %(definition)s, next_run_at = %(next_run_at)s, pending_tick = %(pending_tick)s,
+UPDATE schedules SET cron = %(cron)s, timezone = %(timezone)s, enabled = %(enabled)s, overlap = %(overlap)s, title = %(title)s, prompt = %(prompt)s, request = %(request)s, definition = %(definition)s, next_run_at = %(next_run_at)s, pending_tick = %(pending_tick)s, session_id = %(session_id)s, end_time = %(end_time)s, agent_protocol = %(agent_protocol)s,
     updated_at = clock_timestamp()
 WHERE id = %(id)s AND owner_id = %(owner)s
 RETURNING
 id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-next_run_at, pending_tick, last_session_id, created_at, updated_at;
+next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+created_at, updated_at;
 
 -- name: update_webhook
 UPDATE webhooks SET url = coalesce(%(url)s, url), events = coalesce(%(events)s, events),

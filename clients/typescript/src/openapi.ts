@@ -699,6 +699,11 @@ export interface components {
              * @default skip
              */
             overlap: components["schemas"]["Overlap"];
+            /**
+             * Format: uuid
+             * @description Bind the schedule to this session of yours: each tick posts `prompt` to it as a follow-up message (overlap applies to its runs) instead of creating a session; no session field may be given with it. 404 SESSION_NOT_FOUND for none of yours. The schedule is deleted with the session.
+             */
+            sessionId?: string;
         };
         /** CreateSession */
         CreateSession: {
@@ -879,6 +884,10 @@ export interface components {
             };
             /** @description The assistant version the definition was copied from (at create, or at the last PATCH of a session field), or null. */
             assistant: components["schemas"]["AssistantRef"] | null;
+            /** @description The session each tick posts its prompt to; null: each creates one. */
+            sessionId: string | null;
+            /** @description No tick after it fires (an Agent Protocol cron's `end_time`); null: none. */
+            endTime: string | null;
             /** @description The next tick; null while paused. */
             nextRunAt: string | null;
             /** @description overlap `queue`: the tick of the firing waiting for the last session. */

@@ -147,7 +147,7 @@ SET attempts = d.attempts + 1, last_attempt_at = clock_timestamp(),
 FROM due, webhooks w
 WHERE d.id = due.id AND w.id = d.webhook_id
 RETURNING d.id, d.webhook_id, d.session_id, d.type, d.event, d.created_at, d.attempts,
-          w.url, w.secret;
+          w.url, w.secret, w.run_start_seq;
 
 -- name: client_call_events
 SELECT seq, type, data FROM session_events
@@ -201,6 +201,10 @@ owner_cursor AS (
 )
 SELECT * FROM s;
 
+-- name: create_one_off_webhook
+INSERT INTO webhooks (id, owner_id, url, events, secret, session_id, run_start_seq)
+VALUES (%(id)s, %(owner)s, %(url)s, '{session_end}', %(secret)s, %(session)s, %(seq)s);
+
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
@@ -233,6 +237,13 @@ WHERE a.owner_id = %s AND a.deleted_at IS NULL AND v.delegates IS NOT NULL;
 SELECT a.id, v.name, v.description
 FROM assistants a JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
 WHERE a.owner_id = %s AND a.id = ANY(%s::uuid[]) AND a.deleted_at IS NULL;
+
+-- name: deliver_one_off_webhook
+WITH spent AS (
+    UPDATE webhooks SET events = '{}' WHERE id = %(id)s AND events <> '{}' RETURNING id
+)
+INSERT INTO webhook_deliveries (webhook_id, session_id, type, event)
+SELECT spent.id, %(session)s, 'session_end', %(event)s FROM spent;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -379,7 +390,7 @@ FROM sessions
    LIMIT %(limit)s;
 
 -- name: list_webhooks
-SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s
+SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s AND session_id IS NULL
 ORDER BY created_at DESC, id DESC;
 
 -- name: listen_ferryman
@@ -481,6 +492,12 @@ SELECT p.id, p.status, (
     ORDER BY e.seq DESC LIMIT 1) AS answer
 FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL;
 
+-- name: prune_one_off_webhooks
+DELETE FROM webhooks w
+WHERE w.session_id IS NOT NULL
+  AND NOT EXISTS (SELECT FROM webhook_deliveries d WHERE d.webhook_id = w.id)
+  AND (w.events = '{}' OR NOT EXISTS (SELECT FROM sessions s WHERE s.id = w.session_id));
+
 -- name: prune_schedule_firings
 DELETE FROM schedule_firings WHERE schedule_id = %(schedule)s AND tick < (
     SELECT tick FROM schedule_firings WHERE schedule_id = %(schedule)s
@@ -570,6 +587,27 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+
+-- name: rotate_run_webhook_secret
+INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
+ON CONFLICT (owner_id) DO UPDATE
+    SET secret = excluded.secret, created_at = clock_timestamp()
+RETURNING secret, created_at;
+
+-- name: run_end_since
+SELECT seq, type, data, created_at FROM session_events
+WHERE session_id = %s AND type = 'session_end' AND seq > %s
+ORDER BY seq LIMIT 1;
+
+-- name: run_webhook_secret
+WITH made AS (
+    INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
+    ON CONFLICT (owner_id) DO NOTHING
+    RETURNING secret
+)
+SELECT secret FROM made
+UNION ALL SELECT secret FROM webhook_run_secrets WHERE owner_id = %(owner)s
+LIMIT 1;
 
 -- name: run_write
 WITH bumped AS (
@@ -1030,7 +1068,7 @@ created_at, updated_at;
 -- name: update_webhook
 UPDATE webhooks SET url = coalesce(%(url)s, url), events = coalesce(%(events)s, events),
                     updated_at = clock_timestamp()
-WHERE id = %(id)s AND owner_id = %(owner)s
+WHERE id = %(id)s AND owner_id = %(owner)s AND session_id IS NULL
 RETURNING id, owner_id, url, events, created_at, updated_at;
 
 -- name: webhook_deliveries

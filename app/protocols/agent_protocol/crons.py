@@ -104,6 +104,11 @@ class CronCount(Body):
 
 def _check_served(body: CronCreate, thread_id: UUID | None) -> None:
     service.check_served(body, stateless=thread_id is None)
+    if body.webhook is not None:
+        raise NotServed(
+            "webhook on a cron: give it to a run create (each run's webhook is delivered once"
+            " when that run ends), or subscribe natively to session_end (POST /api/webhooks)"
+        )
     if body.command is not None:
         raise NotServed("command on a cron: a cron's runs start from input.messages")
     strategy = body.multitask_strategy or "reject"

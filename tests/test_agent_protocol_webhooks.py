@@ -10,11 +10,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from uuid import UUID
 
+import psycopg
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
+from psycopg.rows import dict_row
 
+from app.api.webhooks import new_secret
+from app.store import webhooks as webhook_store
 from tests.support import (
     ServerProcess,
     StartWorker,
@@ -159,3 +164,38 @@ async def test_a_refused_webhook_url_is_422_and_writes_nothing(
     assert (await sdk.threads.get(tid))["status"] == "idle"
     assert await sdk.runs.list(tid) == []
     assert await sdk.threads.search(metadata={"stateless": True}) == []
+
+
+async def test_a_run_that_ended_before_its_webhook_was_written_is_delivered_by_the_write(
+    api: ServerProcess,
+    owner_key: str,
+    sdk: LangGraphClient,
+    receiver: Receiver,
+    isolated_db: str,
+    start_worker: StartWorker,
+) -> None:
+    """The other side of the race `create_one_off` closes: the run's `session_end` committed
+    first, so no trigger will deliver; the webhook's own write does, once."""
+    await ready(start_worker())
+    tid = (await sdk.threads.create())["thread_id"]
+    run = await sdk.runs.create(tid, GRAPH, input=said("Write it."), context=SCRIPTED)
+    await sdk.runs.join(tid, run["run_id"])
+    [owner] = await query(isolated_db, "SELECT owner_id FROM sessions WHERE id = %s", (tid,))
+    async with (
+        await psycopg.AsyncConnection.connect(isolated_db, row_factory=dict_row) as conn,
+        conn.transaction(),
+    ):
+        await webhook_store.create_one_off(
+            conn, owner["owner_id"], UUID(tid), 1, receiver.url, new_secret()
+        )
+    [request] = await until(lambda: receiver.requests)
+    [secret] = await query(
+        isolated_db,
+        "SELECT secret FROM webhook_run_secrets WHERE owner_id = %s",
+        (owner["owner_id"],),
+    )
+    body = request.verified(secret["secret"])
+    assert body["run_id"] == run["run_id"] and body["status"] == "success"
+    # Its next run's end finds the webhook spent: still one delivery.
+    await sdk.runs.wait(tid, GRAPH, input=said("Once more."))
+    assert len(await one_off_deliveries(isolated_db, tid)) == 1

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 
 from app.api.webhooks import new_secret
 from app.store import webhooks as webhook_store
+from ferryman import AsyncFerryman
 from tests.support import (
     ServerProcess,
     StartWorker,
@@ -88,10 +89,12 @@ async def test_a_runs_webhook_is_delivered_once_signed_when_it_ends(
     async with client(api.url, owner_key) as http:
         rotated = await http.post("/api/webhooks/run-secret")
         assert rotated.status_code == 201, rotated.text
-        secret = rotated.json()["secret"]
-        assert secret.startswith("whsec_")
         # A one-off subscription is not one of the owner's listed subscriptions.
         listed_before = (await http.get("/api/webhooks")).json()["webhooks"]
+    async with AsyncFerryman(api.url, api_key=owner_key) as ferryman:
+        again = await ferryman.rotate_run_webhook_secret()  # the SDK's call; a new secret
+    secret = again.secret
+    assert secret.startswith("whsec_") and secret != rotated.json()["secret"]
     await ready(start_worker())
     tid = (await sdk.threads.create())["thread_id"]
     run = await sdk.runs.create(

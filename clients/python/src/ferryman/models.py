@@ -162,6 +162,13 @@ class SchedulePage(Model):
     next_page_token: str | None = None
 
 
+class RunWebhookSecret(Model):
+    """The secret an owner's Agent Protocol run webhooks are signed with from now on."""
+
+    secret: str
+    created_at: datetime
+
+
 class Webhook(Model):
     """A subscription to events of the owner's sessions (docs/webhooks.md)."""
 

@@ -159,6 +159,15 @@ async def test_a_bad_cron_or_zone_is_422_naming_it(api: ServerProcess, key: str)
         assert_problem(
             await http.post("/agent-protocol/runs/crons", json=no_input), 422, "INPUT_NOT_SUPPORTED"
         )
+        tid = (await http.post("/agent-protocol/threads", json={})).json()["thread_id"]
+        for refused in (
+            {"webhook": "https://example.com/hook"},
+            {"context": {"model": "scripted"}},
+            {"multitask_strategy": "interrupt"},
+        ):
+            path = f"/agent-protocol/threads/{tid}/runs/crons"
+            thread_cron = {**body, "schedule": "@daily", **refused}
+            assert_problem(await http.post(path, json=thread_cron), 501, "NOT_SERVED")
         assert (await http.post("/agent-protocol/runs/crons/search", json={})).json() == []
 
 

@@ -143,7 +143,12 @@ async def _state(
     prompt = _prompt(body)
     timezone = body.timezone or "UTC"
     parsed = parse_cron(body.schedule, timezone, now)
-    new, _ = await service.definition_of(services, owner, body)
+    new, named = await service.definition_of(services, owner, body)
+    if thread_id is not None and named:
+        raise NotServed(
+            f"{', '.join(sorted(named))} in a thread's cron: its ticks run with the thread's"
+            " definition; change that with a run on the thread"
+        )
     on_completed = body.on_run_completed or "delete"
     if thread_id is None:
         metadata = {

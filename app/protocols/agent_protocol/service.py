@@ -311,8 +311,8 @@ def check_served(body: RunCreate, stateless: bool) -> None:
         )
     if body.after_seconds:
         raise NotServed(
-            "after_seconds: a delayed start is not served (schedules are a later release);"
-            " create the run when it is due"
+            "after_seconds: a delayed start is not served; create the run when it is due, or"
+            " give it a timetable with a cron (crons.create)"
         )
     if stateless and requested_checkpoint(body) is not None:
         raise NotServed(

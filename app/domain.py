@@ -314,6 +314,8 @@ def schedule_view(row: dict[str, Any], firings: list[dict[str, Any]]) -> dict[st
         "assistant": None
         if definition["assistant_id"] is None
         else {"id": definition["assistant_id"], "version": definition["assistant_version"]},
+        "sessionId": None if row["session_id"] is None else str(row["session_id"]),
+        "endTime": rfc3339(row["end_time"]),
         "nextRunAt": rfc3339(row["next_run_at"]),
         "pendingTick": rfc3339(row["pending_tick"]),
         "lastFirings": [_firing_view(f) for f in firings],

@@ -454,3 +454,9 @@ def missing(reason: str, what: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: {what} must run in CI)")
     pytest.skip(reason)
+
+
+def delete_schedules(database_url: str) -> None:
+    """Delete every schedule: one left behind by a test would fire in a later test's workers."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM schedules")

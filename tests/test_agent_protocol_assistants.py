@@ -221,7 +221,7 @@ async def test_schemas_graph_and_subgraphs(lg: LangGraphClient) -> None:
 
 
 async def test_paths_not_served(raw: httpx.AsyncClient, lg: LangGraphClient) -> None:
-    for method, path in [("POST", "/runs/crons"), ("POST", "/store/items/search")]:
+    for method, path in [("POST", "/runs/batch"), ("POST", "/store/items/search")]:
         assert_problem(await raw.request(method, path, json={}), 501, NOT_SERVED)
     # What no route names: the catch-all, which names the path.
     for method, path in [("GET", "/mcp"), ("POST", "/a2a/x"), ("GET", "/threads/x/y/z")]:

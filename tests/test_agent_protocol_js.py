@@ -36,6 +36,7 @@ TESTS = [
     "the SDK's own reconnect rides out an API restart within one runs.stream",
     "join after the worker was SIGKILLed mid-tool: every event exactly once, the takeover as"
     " custom",
+    "crons: create, createForThread, search, count, update and delete over the caller's schedules",
 ]
 
 

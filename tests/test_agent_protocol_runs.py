@@ -140,7 +140,6 @@ async def test_what_cannot_be_honoured_is_refused(
     refused: list[dict[str, Any]] = [
         {"interrupt_before": ["agent"]},
         {"interrupt_after": "*"},
-        {"webhook": "https://example.com/hook"},
         {"after_seconds": 5},
         {"checkpoint_id": "00000000-0000-0000-0000-000000000001"},
         {"checkpoint": {"checkpoint_id": "00000000-0000-0000-0000-000000000001"}},

@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
 from app.cron import parse
@@ -25,6 +24,7 @@ from tests.support import (
     assert_problem,
     client,
     create_owner_key,
+    delete_schedules,
     query,
     ready,
     wait_for_status,
@@ -48,6 +48,8 @@ SCHEDULE_FIELDS = {
     "approvalRequired",
     "metadata",
     "assistant",
+    "sessionId",
+    "endTime",
     "nextRunAt",
     "pendingTick",
     "lastFirings",
@@ -58,10 +60,8 @@ SCHEDULE_FIELDS = {
 
 @pytest.fixture(autouse=True)
 def no_schedule_outlives_its_test(isolated_db: str) -> Iterator[None]:
-    """A schedule left behind would fire in a later test's workers."""
     yield
-    with psycopg.connect(isolated_db, autocommit=True) as conn:
-        conn.execute("DELETE FROM schedules")
+    delete_schedules(isolated_db)
 
 
 def instant(text: str) -> datetime:

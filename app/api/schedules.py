@@ -23,11 +23,13 @@ from app.api.sessions import (
     decode_page_token,
     encode_page_token,
     parse_id,
+    parse_session_id,
 )
 from app.domain import schedule_view
 from app.errors import ScheduleCronInvalid, ScheduleNotFound, ScheduleTimezoneInvalid
 from app.services import Services
 from app.store import schedules as schedule_store
+from app.store import sessions as session_store
 from app.store.schedules import ScheduleState, definition_of
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"])
@@ -57,7 +59,11 @@ def parse_cron(expression: str, timezone: str, now: datetime) -> cron.Cron:
 def _session_request(body: schemas.CreateSchedule) -> dict[str, Any]:
     """The session fields the body gave, as a PATCH merges into them."""
     given = body.model_dump(mode="json", exclude_unset=True)
-    return {k: v for k, v in given.items() if k not in schemas.SCHEDULE_FIELDS and v is not None}
+    return {
+        k: v
+        for k, v in given.items()
+        if k not in schemas.SCHEDULE_FIELDS and k != "sessionId" and v is not None
+    }
 
 
 async def _state(
@@ -66,13 +72,25 @@ async def _state(
     body: schemas.CreateSchedule,
     now: datetime,
     definition: dict[str, Any] | None = None,
+    stored: dict[str, Any] | None = None,
 ) -> ScheduleState:
     """What to store for `body`, its next tick the first after `now`; `definition`: the one
-    stored already, when no session field changed."""
+    stored already, when no session field changed; `stored`: the schedule's row, whose
+    bound session, end time and cron fields stay."""
     parsed = parse_cron(body.cron, body.timezone, now)
     if definition is None:
         definition = definition_of(await resolve_session(services, owner, body))
+    session_id: UUID | None = None
+    if stored is not None:
+        session_id = stored["session_id"]
+    elif body.sessionId is not None:
+        session_id = UUID(body.sessionId)
+    end_time = stored["end_time"] if stored else None
+    next_run_at = parsed.next_after(now) if body.enabled else None
     return ScheduleState(
+        session_id=session_id,
+        end_time=end_time,
+        agent_protocol=stored["agent_protocol"] if stored else None,
         cron=parsed.expression,
         timezone=body.timezone,
         enabled=body.enabled,
@@ -81,8 +99,13 @@ async def _state(
         prompt=body.prompt,
         request=_session_request(body),
         definition=definition,
-        next_run_at=parsed.next_after(now) if body.enabled else None,
+        next_run_at=past_end(next_run_at, end_time),
     )
+
+
+def past_end(tick: datetime | None, end_time: datetime | None) -> datetime | None:
+    """`tick`, or None when it falls after the schedule's end time."""
+    return None if tick is None or (end_time is not None and tick > end_time) else tick
 
 
 @router.post(
@@ -100,6 +123,8 @@ async def create_schedule(
     (an `assistantId` is resolved now: each firing runs that version)."""
     async with services.db.connection() as conn:
         now = await schedule_store.now(conn)
+        if body.sessionId is not None:  # the caller's session, or 404
+            await session_store.get_session(conn, owner, parse_session_id(body.sessionId))
     state = await _state(services, owner, body, now)
     async with services.db.transaction() as conn:
         row = await schedule_store.create(conn, owner, state)
@@ -166,12 +191,21 @@ async def update_schedule(
     session_changes = {k: v for k, v in given.items() if k not in schemas.SCHEDULE_FIELDS}
     merged = _merged(row, given, session_changes)
     stored = None if session_changes else row["definition"]
-    state = await _state(services, owner, merged, now, stored)
+    state = await _state(services, owner, merged, now, stored, row)
     restart = any(k in given for k in ("cron", "timezone")) or (
         state.enabled and not row["enabled"]
     )
+    row, firings = await write_update(services, owner, sid, state, restart)
+    return schedule_view(row, firings)
+
+
+async def write_update(
+    services: Services, owner: str, sid: UUID, state: ScheduleState, restart: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Write the schedule's new `state` under its row lock (a firing since it was read moved
+    it on); `restart`: its timetable starts from the first tick after now. The row and its
+    latest firings."""
     async with services.db.transaction() as conn:
-        # Under the row lock: a firing since the read above moved the schedule on.
         locked = await schedule_store.get(conn, owner, sid, for_update=True)
         state = _timing(state, locked, restart)
         if locked["pending_tick"] is not None and state.pending_tick is None:
@@ -180,7 +214,7 @@ async def update_schedule(
             )
         row = await schedule_store.update(conn, owner, sid, state)
         firings = await schedule_store.firings(conn, [sid])
-    return schedule_view(row, firings[sid])
+    return row, firings[sid]
 
 
 def _merged(
@@ -204,6 +238,7 @@ def _timing(state: ScheduleState, locked: dict[str, Any], restart: bool) -> Sche
     if not state.enabled:
         return state
     next_run_at = state.next_run_at if restart else locked["next_run_at"] or state.next_run_at
+    next_run_at = past_end(next_run_at, state.end_time)
     return replace(state, next_run_at=next_run_at, pending_tick=locked["pending_tick"])
 
 

@@ -751,6 +751,24 @@ class CreateSchedule(CreateSession):
     prompt: Text = Field(  # required here: a fired session starts at once
         min_length=1, max_length=MAX_PROMPT_CHARS, description="The opening message of each."
     )
+    sessionId: Uuid | None = Field(
+        default=None,
+        description="Bind the schedule to this session of yours: each tick posts `prompt` to"
+        " it as a follow-up message (overlap applies to its runs) instead of creating a"
+        " session; no session field may be given with it. 404 SESSION_NOT_FOUND for none of"
+        " yours. The schedule is deleted with the session.",
+    )
+
+    @model_validator(mode="after")
+    def _bound_without_definition(self) -> CreateSchedule:
+        if self.sessionId is not None:
+            given = self.model_fields_set - SCHEDULE_FIELDS - {"sessionId"}
+            if given:
+                raise ValueError(
+                    f"{', '.join(sorted(given))}: a schedule bound to a session (sessionId)"
+                    " runs with that session's definition"
+                )
+        return self
 
 
 def _refuse_null(value: Any) -> Any:
@@ -807,6 +825,12 @@ class Schedule(BaseModel):
     assistant: AssistantRef | None = Field(
         description="The assistant version the definition was copied from (at create, or at"
         " the last PATCH of a session field), or null."
+    )
+    sessionId: Uuid | None = Field(
+        description="The session each tick posts its prompt to; null: each creates one."
+    )
+    endTime: DateTime | None = Field(
+        description="No tick after it fires (an Agent Protocol cron's `end_time`); null: none."
     )
     nextRunAt: DateTime | None = Field(description="The next tick; null while paused.")
     pendingTick: DateTime | None = Field(

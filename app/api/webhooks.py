@@ -79,6 +79,14 @@ class CreatedWebhook(Webhook):
     )
 
 
+class RunWebhookSecret(BaseModel):
+    secret: str = Field(
+        description="The secret the owner's run webhooks (an Agent Protocol run create's"
+        " `webhook`) are signed with from now on, `whsec_` and base64: shown only here."
+    )
+    createdAt: DateTime
+
+
 class WebhookList(BaseModel):
     webhooks: list[Webhook]
 
@@ -161,6 +169,21 @@ async def create_webhook(
         row = await webhook_store.create(conn, owner, body.url, list(body.events), secret)
     response.headers["Location"] = f"/api/webhooks/{row['id']}"
     return {**webhook_view(row), "secret": secret}
+
+
+@router.post(
+    "/run-secret",
+    operation_id="rotateRunWebhookSecret",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RunWebhookSecret,
+    responses=problems(*ANY_ERRORS),
+)
+async def rotate_run_secret(owner: Owner, db: DatabaseDep) -> dict[str, Any]:
+    """A new signing secret for the owner's run webhooks (docs/webhooks.md#run-webhooks):
+    those of runs created from now on are signed with it; those made before keep theirs."""
+    async with db.transaction() as conn:
+        row = await webhook_store.rotate_run_secret(conn, owner, new_secret())
+    return {"secret": row["secret"], "createdAt": rfc3339(row["created_at"])}
 
 
 @router.get(

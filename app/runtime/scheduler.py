@@ -16,7 +16,7 @@ from app.backoff import Outage
 from app.config import Settings
 from app.cron import Cron, zone
 from app.db.pool import UNAVAILABLE_ERRORS, Connection, Database
-from app.domain import TERMINAL, Overlap, Status
+from app.domain import Overlap, Status, rfc3339
 from app.store import schedules as schedule_store
 from app.store import sessions as session_store
 
@@ -115,7 +115,7 @@ async def _fire_due(conn: Connection, row: dict[str, Any], settings: Settings) -
     now: datetime = row["now"]
     pending: datetime | None = row["pending_tick"]
     last_session: UUID | None = row["last_session_id"]
-    ended = row["last_status"] is None or Status(row["last_status"]) in TERMINAL
+    ended = row["last_status"] is None or Status(row["last_status"]) in schedule_store.ENDED
     if pending is not None and ended:
         last_session = await _fire(conn, row, pending, catch_up=False)
         pending, ended = None, False
@@ -141,13 +141,35 @@ async def _fire_due(conn: Connection, row: dict[str, Any], settings: Settings) -
                 conn, row["id"], due.tick, "skipped", detail=f"{why} ({last_session})"
             )
         next_run_at = cron.next_after(now)
+        if row["end_time"] is not None and next_run_at > row["end_time"]:
+            next_run_at = None  # past its end time: it fires no more
     await schedule_store.advance(conn, row["id"], next_run_at, pending, last_session)
 
 
+def fired_data(row: dict[str, Any], tick: datetime) -> dict[str, Any]:
+    """What the message a bound schedule posts keeps of its firing: the schedule and tick,
+    and for a cron the run metadata and strategy its create gave (the run it opens shows
+    them)."""
+    data: dict[str, Any] = {"schedule": {"id": str(row["id"]), "firedAt": rfc3339(tick)}}
+    protocol = row["agent_protocol"] or {}
+    if protocol.get("run_metadata"):
+        data["runMetadata"] = protocol["run_metadata"]
+    if protocol.get("multitask_strategy"):
+        data["multitaskStrategy"] = protocol["multitask_strategy"]
+    return data
+
+
 async def _fire(conn: Connection, row: dict[str, Any], tick: datetime, *, catch_up: bool) -> UUID:
-    """Create the schedule's session for `tick` and record the firing; the session's id."""
-    new = schedule_store.session_of(row, tick)
-    session, _ = await session_store.create_session(conn, row["owner_id"], new, None)
+    """Create the schedule's session for `tick` (or post its prompt to the session it is bound
+    to) and record the firing; the session's id."""
+    if row["session_id"] is not None:
+        await session_store.post_message(
+            conn, row["owner_id"], row["session_id"], row["prompt"], extra=fired_data(row, tick)
+        )
+        session: dict[str, Any] = {"id": row["session_id"]}
+    else:
+        new = schedule_store.session_of(row, tick)
+        session, _ = await session_store.create_session(conn, row["owner_id"], new, None)
     await schedule_store.record_firing(
         conn, row["id"], tick, "fired", catch_up=catch_up, session_id=session["id"]
     )

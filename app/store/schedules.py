@@ -18,10 +18,20 @@ from uuid import UUID, uuid4
 from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
-from app.domain import MAX_SCHEDULE_FIRINGS, MAX_SCHEDULES_PER_OWNER, TERMINAL, default_title
+from app.domain import (
+    MAX_SCHEDULE_FIRINGS,
+    MAX_SCHEDULES_PER_OWNER,
+    TERMINAL,
+    Status,
+    default_title,
+)
 from app.errors import ScheduleLimitReached, ScheduleNotFound
 from app.store.sessions import NewSession, PageKey
 from app.store.statements import statement
+
+# A session in one of these has no run in progress (`idle`: a session created without a
+# prompt, which a schedule bound to it may post to).
+ENDED = TERMINAL | {Status.IDLE}
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,12 @@ class ScheduleState:
     definition: dict[str, Any]
     next_run_at: datetime | None
     pending_tick: datetime | None = None
+    # The session each tick posts its prompt to (a thread's cron); None: each creates one.
+    session_id: UUID | None = None
+    # No tick after it fires.
+    end_time: datetime | None = None
+    # What an Agent Protocol cron's create gave (assistant_id, payload, metadata, ...).
+    agent_protocol: dict[str, Any] | None = None
 
 
 # The NewSession fields a schedule keeps as its definition; prompt and title are its own.
@@ -84,7 +100,8 @@ def session_of(row: dict[str, Any], tick: datetime) -> NewSession:
 
 SCHEDULE_COLUMNS = """
     id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-    next_run_at, pending_tick, last_session_id, created_at, updated_at
+    next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+    created_at, updated_at
 """
 _STATE_COLUMNS = tuple(ScheduleState.__dataclass_fields__)
 
@@ -118,17 +135,20 @@ _LIST = statement(
     LIMIT %(limit)s
     """,
 )
-_TERMINAL = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
+# The statuses in which the session a schedule fired last (or the one it posts to) has ended:
+# a queued firing may go.
+_TERMINAL = ", ".join(f"'{status}'" for status in sorted(ENDED))
 # One schedule to fire: due, or with a queued firing whose wait is over (the session it waits
-# for has ended, or is gone). Its row stays locked until the caller's transaction ends; a row
-# another process holds is passed over.
+# for, the one it is bound to or else the one it fired last, has ended, or is gone). Its row
+# stays locked until the caller's transaction ends; a row another process holds is passed over.
 _LOCK_DUE = statement(
     "lock_due_schedule",
     f"""
     WITH t AS (SELECT clock_timestamp() AS now)
     SELECT {", ".join(f"sc.{c.strip()}" for c in SCHEDULE_COLUMNS.split(","))},
            t.now, s.status AS last_status
-    FROM t, schedules sc LEFT JOIN sessions s ON s.id = sc.last_session_id
+    FROM t, schedules sc
+        LEFT JOIN sessions s ON s.id = coalesce(sc.session_id, sc.last_session_id)
     WHERE sc.enabled
       AND (sc.next_run_at <= t.now
            OR (sc.pending_tick IS NOT NULL AND (s.status IS NULL OR s.status IN ({_TERMINAL}))))
@@ -332,4 +352,5 @@ def _params(state: ScheduleState) -> dict[str, Any]:
     params = asdict(state)
     params["request"] = Jsonb(state.request)
     params["definition"] = Jsonb(state.definition)
+    params["agent_protocol"] = None if state.agent_protocol is None else Jsonb(state.agent_protocol)
     return params

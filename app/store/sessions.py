@@ -707,6 +707,8 @@ async def soft_delete(conn: Connection, owner_id: str, session_id: UUID) -> None
         " WHERE id = %s",
         (session_id,),
     )
+    # The schedules bound to it (a thread's crons) go with it; the purge would delete them.
+    await conn.execute("DELETE FROM schedules WHERE session_id = %s", (session_id,))
     await append_owner_event(conn, owner_id, session_id, OwnerEventType.SESSION_DELETED, {})
     await notify(conn, session_key(session_id))  # open session streams close
     for child in await live_children(conn, session_id):

@@ -147,7 +147,7 @@ SET attempts = d.attempts + 1, last_attempt_at = clock_timestamp(),
 FROM due, webhooks w
 WHERE d.id = due.id AND w.id = d.webhook_id
 RETURNING d.id, d.webhook_id, d.session_id, d.type, d.event, d.created_at, d.attempts,
-          w.url, w.secret;
+          w.url, w.secret, w.run_start_seq;
 
 -- name: client_call_events
 SELECT seq, type, data FROM session_events
@@ -201,6 +201,10 @@ owner_cursor AS (
 )
 SELECT * FROM s;
 
+-- name: create_one_off_webhook
+INSERT INTO webhooks (id, owner_id, url, events, secret, session_id, run_start_seq)
+VALUES (%(id)s, %(owner)s, %(url)s, '{session_end}', %(secret)s, %(session)s, %(seq)s);
+
 -- name: create_session
 INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                       instructions, model_settings, approval_required, assistant_id,
@@ -233,6 +237,13 @@ WHERE a.owner_id = %s AND a.deleted_at IS NULL AND v.delegates IS NOT NULL;
 SELECT a.id, v.name, v.description
 FROM assistants a JOIN assistant_versions v ON v.assistant_id = a.id AND v.version = a.version
 WHERE a.owner_id = %s AND a.id = ANY(%s::uuid[]) AND a.deleted_at IS NULL;
+
+-- name: deliver_one_off_webhook
+WITH spent AS (
+    UPDATE webhooks SET events = '{}' WHERE id = %(id)s AND events <> '{}' RETURNING id
+)
+INSERT INTO webhook_deliveries (webhook_id, session_id, type, event)
+SELECT spent.id, %(session)s, 'session_end', %(event)s FROM spent;
 
 -- name: ended_stateless_threads
 SELECT id, owner_id FROM sessions
@@ -299,13 +310,15 @@ WHERE a.id = %(id)s AND a.owner_id = %(owner)s AND a.deleted_at IS NULL;
 -- name: get_schedule
 SELECT
     id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-    next_run_at, pending_tick, last_session_id, created_at, updated_at
+    next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+    created_at, updated_at
  FROM schedules WHERE id = %s AND owner_id = %s;
 
 -- name: get_schedule_for_update
 SELECT
     id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-    next_run_at, pending_tick, last_session_id, created_at, updated_at
+    next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+    created_at, updated_at
  FROM schedules WHERE id = %s AND owner_id = %s FOR UPDATE;
 
 -- name: get_session
@@ -342,16 +355,18 @@ VALUES (%(id)s, %(version)s, %(name)s, %(description)s, %(model)s, %(instruction
         %(delegates)s, %(script)s);
 
 -- name: insert_schedule
-INSERT INTO schedules (id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition, next_run_at, pending_tick)
-VALUES (%(id)s, %(owner)s, %(cron)s, %(timezone)s, %(enabled)s, %(overlap)s, %(title)s, %(prompt)s, %(request)s, %(definition)s, %(next_run_at)s, %(pending_tick)s)
+INSERT INTO schedules (id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition, next_run_at, pending_tick, session_id, end_time, agent_protocol)
+VALUES (%(id)s, %(owner)s, %(cron)s, %(timezone)s, %(enabled)s, %(overlap)s, %(title)s, %(prompt)s, %(request)s, %(definition)s, %(next_run_at)s, %(pending_tick)s, %(session_id)s, %(end_time)s, %(agent_protocol)s)
 RETURNING
 id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-next_run_at, pending_tick, last_session_id, created_at, updated_at;
+next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+created_at, updated_at;
 
 -- name: list_schedules
 SELECT
    id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-   next_run_at, pending_tick, last_session_id, created_at, updated_at
+   next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+   created_at, updated_at
 FROM schedules
    WHERE owner_id = %(owner)s
      AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
@@ -375,7 +390,7 @@ FROM sessions
    LIMIT %(limit)s;
 
 -- name: list_webhooks
-SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s
+SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s AND session_id IS NULL
 ORDER BY created_at DESC, id DESC;
 
 -- name: listen_ferryman
@@ -410,12 +425,13 @@ WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: lock_due_schedule
 WITH t AS (SELECT clock_timestamp() AS now)
-SELECT sc.id, sc.owner_id, sc.cron, sc.timezone, sc.enabled, sc.overlap, sc.title, sc.prompt, sc.request, sc.definition, sc.next_run_at, sc.pending_tick, sc.last_session_id, sc.created_at, sc.updated_at,
+SELECT sc.id, sc.owner_id, sc.cron, sc.timezone, sc.enabled, sc.overlap, sc.title, sc.prompt, sc.request, sc.definition, sc.next_run_at, sc.pending_tick, sc.last_session_id, sc.session_id, sc.end_time, sc.agent_protocol, sc.created_at, sc.updated_at,
        t.now, s.status AS last_status
-FROM t, schedules sc LEFT JOIN sessions s ON s.id = sc.last_session_id
+FROM t, schedules sc
+    LEFT JOIN sessions s ON s.id = coalesce(sc.session_id, sc.last_session_id)
 WHERE sc.enabled
   AND (sc.next_run_at <= t.now
-       OR (sc.pending_tick IS NOT NULL AND (s.status IS NULL OR s.status IN ('cancelled', 'failed', 'succeeded'))))
+       OR (sc.pending_tick IS NOT NULL AND (s.status IS NULL OR s.status IN ('cancelled', 'failed', 'idle', 'succeeded'))))
 ORDER BY sc.next_run_at
 LIMIT 1
 FOR UPDATE OF sc SKIP LOCKED;
@@ -475,6 +491,12 @@ SELECT p.id, p.status, (
     WHERE e.session_id = %(child)s AND e.type = 'assistant_message'
     ORDER BY e.seq DESC LIMIT 1) AS answer
 FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL;
+
+-- name: prune_one_off_webhooks
+DELETE FROM webhooks w
+WHERE w.session_id IS NOT NULL
+  AND NOT EXISTS (SELECT FROM webhook_deliveries d WHERE d.webhook_id = w.id)
+  AND (w.events = '{}' OR NOT EXISTS (SELECT FROM sessions s WHERE s.id = w.session_id));
 
 -- name: prune_schedule_firings
 DELETE FROM schedule_firings WHERE schedule_id = %(schedule)s AND tick < (
@@ -565,6 +587,27 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+
+-- name: rotate_run_webhook_secret
+INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
+ON CONFLICT (owner_id) DO UPDATE
+    SET secret = excluded.secret, created_at = clock_timestamp()
+RETURNING secret, created_at;
+
+-- name: run_end_since
+SELECT seq, type, data, created_at FROM session_events
+WHERE session_id = %s AND type = 'session_end' AND seq > %s
+ORDER BY seq LIMIT 1;
+
+-- name: run_webhook_secret
+WITH made AS (
+    INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
+    ON CONFLICT (owner_id) DO NOTHING
+    RETURNING secret
+)
+SELECT secret FROM made
+UNION ALL SELECT secret FROM webhook_run_secrets WHERE owner_id = %(owner)s
+LIMIT 1;
 
 -- name: run_write
 WITH bumped AS (
@@ -1014,17 +1057,18 @@ WHERE session_id = %s AND type IN ('user_message',
 ORDER BY seq;
 
 -- name: update_schedule
-UPDATE schedules SET cron = %(cron)s, timezone = %(timezone)s, enabled = %(enabled)s, overlap = %(overlap)s, title = %(title)s, prompt = %(prompt)s, request = %(request)s, definition = %(definition)s, next_run_at = %(next_run_at)s, pending_tick = %(pending_tick)s,
+UPDATE schedules SET cron = %(cron)s, timezone = %(timezone)s, enabled = %(enabled)s, overlap = %(overlap)s, title = %(title)s, prompt = %(prompt)s, request = %(request)s, definition = %(definition)s, next_run_at = %(next_run_at)s, pending_tick = %(pending_tick)s, session_id = %(session_id)s, end_time = %(end_time)s, agent_protocol = %(agent_protocol)s,
     updated_at = clock_timestamp()
 WHERE id = %(id)s AND owner_id = %(owner)s
 RETURNING
 id, owner_id, cron, timezone, enabled, overlap, title, prompt, request, definition,
-next_run_at, pending_tick, last_session_id, created_at, updated_at;
+next_run_at, pending_tick, last_session_id, session_id, end_time, agent_protocol,
+created_at, updated_at;
 
 -- name: update_webhook
 UPDATE webhooks SET url = coalesce(%(url)s, url), events = coalesce(%(events)s, events),
                     updated_at = clock_timestamp()
-WHERE id = %(id)s AND owner_id = %(owner)s
+WHERE id = %(id)s AND owner_id = %(owner)s AND session_id IS NULL
 RETURNING id, owner_id, url, events, created_at, updated_at;
 
 -- name: webhook_deliveries

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID, uuid4
 
+from psycopg.types.json import Jsonb
+
 from app.db.pool import Connection
 from app.domain import MAX_WEBHOOKS_PER_OWNER
 from app.errors import WebhookLimitReached, WebhookNotFound
@@ -31,7 +33,7 @@ _CREATE = statement(
 _LIST = statement(
     "list_webhooks",
     f"""
-    SELECT {_VIEW_COLUMNS} FROM webhooks WHERE owner_id = %s
+    SELECT {_VIEW_COLUMNS} FROM webhooks WHERE owner_id = %s AND session_id IS NULL
     ORDER BY created_at DESC, id DESC
     """,
 )
@@ -43,7 +45,7 @@ _UPDATE = statement(
     f"""
     UPDATE webhooks SET url = coalesce(%(url)s, url), events = coalesce(%(events)s, events),
                         updated_at = clock_timestamp()
-    WHERE id = %(id)s AND owner_id = %(owner)s
+    WHERE id = %(id)s AND owner_id = %(owner)s AND session_id IS NULL
     RETURNING {_VIEW_COLUMNS}
     """,
 )
@@ -76,7 +78,7 @@ _CLAIM = statement(
     FROM due, webhooks w
     WHERE d.id = due.id AND w.id = d.webhook_id
     RETURNING d.id, d.webhook_id, d.session_id, d.type, d.event, d.created_at, d.attempts,
-              w.url, w.secret
+              w.url, w.secret, w.run_start_seq
     """,
 )
 _SESSIONS = statement(
@@ -105,6 +107,65 @@ _PRUNE = statement(
     WHERE coalesce(delivered_at, abandoned_at) < clock_timestamp() - make_interval(secs => %s)
     """,
 )
+# One-off webhooks done with: delivered (or abandoned) and pruned, or whose session was purged
+# before its run ended.
+_PRUNE_ONE_OFF = statement(
+    "prune_one_off_webhooks",
+    """
+    DELETE FROM webhooks w
+    WHERE w.session_id IS NOT NULL
+      AND NOT EXISTS (SELECT FROM webhook_deliveries d WHERE d.webhook_id = w.id)
+      AND (w.events = '{}' OR NOT EXISTS (SELECT FROM sessions s WHERE s.id = w.session_id))
+    """,
+)
+_RUN_SECRET = statement(
+    "run_webhook_secret",
+    """
+    WITH made AS (
+        INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
+        ON CONFLICT (owner_id) DO NOTHING
+        RETURNING secret
+    )
+    SELECT secret FROM made
+    UNION ALL SELECT secret FROM webhook_run_secrets WHERE owner_id = %(owner)s
+    LIMIT 1
+    """,
+)
+_ROTATE_RUN_SECRET = statement(
+    "rotate_run_webhook_secret",
+    """
+    INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
+    ON CONFLICT (owner_id) DO UPDATE
+        SET secret = excluded.secret, created_at = clock_timestamp()
+    RETURNING secret, created_at
+    """,
+)
+_CREATE_ONE_OFF = statement(
+    "create_one_off_webhook",
+    """
+    INSERT INTO webhooks (id, owner_id, url, events, secret, session_id, run_start_seq)
+    VALUES (%(id)s, %(owner)s, %(url)s, '{session_end}', %(secret)s, %(session)s, %(seq)s)
+    """,
+)
+# The end of the run a one-off webhook is made for, when it ended before the webhook existed.
+_ENDED_SINCE = statement(
+    "run_end_since",
+    """
+    SELECT seq, type, data, created_at FROM session_events
+    WHERE session_id = %s AND type = 'session_end' AND seq > %s
+    ORDER BY seq LIMIT 1
+    """,
+)
+_DELIVER_ONCE = statement(
+    "deliver_one_off_webhook",
+    """
+    WITH spent AS (
+        UPDATE webhooks SET events = '{}' WHERE id = %(id)s AND events <> '{}' RETURNING id
+    )
+    INSERT INTO webhook_deliveries (webhook_id, session_id, type, event)
+    SELECT spent.id, %(session)s, 'session_end', %(event)s FROM spent
+    """,
+)
 
 
 async def create(
@@ -113,7 +174,10 @@ async def create(
     """A new subscription; WebhookLimitReached past MAX_WEBHOOKS_PER_OWNER."""
     # One owner's creates take turns, so two of them cannot both pass the count.
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext('webhooks:' || %s))", (owner_id,))
-    cur = await conn.execute("SELECT count(*) AS n FROM webhooks WHERE owner_id = %s", (owner_id,))
+    cur = await conn.execute(
+        "SELECT count(*) AS n FROM webhooks WHERE owner_id = %s AND session_id IS NULL",
+        (owner_id,),
+    )
     counted = await cur.fetchone()
     assert counted is not None
     if counted["n"] >= MAX_WEBHOOKS_PER_OWNER:
@@ -227,6 +291,55 @@ async def record(
 
 
 async def prune(conn: Connection, older_than: float) -> int:
-    """Deletes deliveries sent or abandoned more than `older_than` seconds ago."""
+    """Deletes deliveries sent or abandoned more than `older_than` seconds ago, then the
+    one-off webhooks done with."""
     cur = await conn.execute(_PRUNE, (older_than,))
-    return cur.rowcount
+    pruned = cur.rowcount
+    await conn.execute(_PRUNE_ONE_OFF)
+    return pruned
+
+
+async def rotate_run_secret(conn: Connection, owner_id: str, secret: str) -> dict[str, Any]:
+    """Make `secret` the one the owner's run webhooks are signed with from now on."""
+    cur = await conn.execute(_ROTATE_RUN_SECRET, {"owner": owner_id, "secret": secret})
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def create_one_off(
+    conn: Connection, owner_id: str, session_id: UUID, start_seq: int, url: str, secret: str
+) -> UUID:
+    """A webhook delivered once, when the run of the session that opened at `start_seq`
+    ends; signed with the owner's run secret (`secret` becomes it if the owner has none).
+
+    The session's row is locked first: a run's end writes its `session_end` under that lock
+    (the event's foreign key), so either the end comes after this commits, and the trigger
+    delivers it, or it came before, and it is delivered here."""
+    await conn.execute("SELECT FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+    cur = await conn.execute(_RUN_SECRET, {"owner": owner_id, "secret": secret})
+    found = await cur.fetchone()
+    assert found is not None
+    webhook_id = uuid4()
+    params = {
+        "id": webhook_id,
+        "owner": owner_id,
+        "url": url,
+        "secret": found["secret"],
+        "session": session_id,
+        "seq": start_seq,
+    }
+    await conn.execute(_CREATE_ONE_OFF, params)
+    cur = await conn.execute(_ENDED_SINCE, (session_id, start_seq))
+    end = await cur.fetchone()
+    if end is not None:
+        event = {
+            "seq": end["seq"],
+            "type": end["type"],
+            "data": end["data"],
+            "createdAt": end["created_at"].isoformat(),
+        }
+        await conn.execute(
+            _DELIVER_ONCE, {"id": webhook_id, "session": session_id, "event": Jsonb(event)}
+        )
+    return webhook_id

@@ -23,9 +23,10 @@ from standardwebhooks.webhooks import Webhook
 
 from app.backoff import Outage
 from app.config import Settings
-from app.db.pool import UNAVAILABLE_ERRORS, Database
+from app.db.pool import UNAVAILABLE_ERRORS, Connection, Database
 from app.domain import rfc3339, session_view
 from app.errors import WebhookTargetRefused
+from app.protocols.agent_protocol.service import run_webhook_body
 from app.store import webhooks as webhook_store
 from app.webhooks.targets import IPAddress, allowed_hosts, parse_target, resolve
 
@@ -117,15 +118,14 @@ class Sender:
             return 0
         async with self.db.connection() as conn:
             sessions = await webhook_store.sessions(conn, [d["session_id"] for d in claimed])
+            bodies = [await _body(conn, d, sessions.get(d["session_id"])) for d in claimed]
         await asyncio.gather(
-            *(self._deliver(http, d, sessions.get(d["session_id"])) for d in claimed)
+            *(self._deliver(http, d, body) for d, body in zip(claimed, bodies, strict=True))
         )
         return len(claimed)
 
-    async def _deliver(
-        self, http: httpx2.AsyncClient, delivery: dict[str, Any], session: dict[str, Any] | None
-    ) -> None:
-        status, error = await self._attempt(http, delivery, payload(delivery, session))
+    async def _deliver(self, http: httpx2.AsyncClient, delivery: dict[str, Any], body: str) -> None:
+        status, error = await self._attempt(http, delivery, body)
         ok = status is not None and 200 <= status < 300
         settings = self.settings
         delay = retry_delay(
@@ -214,6 +214,17 @@ class Sender:
             pruned = await webhook_store.prune(conn, older_than)
         if pruned:
             log.info("pruned %d webhook deliveries", pruned)
+
+
+async def _body(conn: Connection, delivery: dict[str, Any], session: dict[str, Any] | None) -> str:
+    """The delivery's body: a subscription's `{type, timestamp, data}`, or for a run's
+    one-off webhook what LangGraph's servers send (the Agent Protocol's run)."""
+    if delivery["run_start_seq"] is None:
+        return payload(delivery, session)
+    body = await run_webhook_body(
+        conn, session, delivery["session_id"], delivery["run_start_seq"], delivery["event"]
+    )
+    return json.dumps(body, separators=(",", ":"))
 
 
 async def _excerpt(response: httpx2.Response) -> str:

@@ -9,7 +9,7 @@ from starlette._utils import get_route_path
 from starlette.routing import Match
 from starlette.types import Scope
 
-from app.protocols.agent_protocol import assistants, runs, threads, unserved
+from app.protocols.agent_protocol import assistants, crons, runs, threads, unserved
 from app.protocols.agent_protocol.service import PREFIX
 
 
@@ -27,6 +27,7 @@ class PrefixRouter(APIRouter):
 
 router = PrefixRouter(prefix=PREFIX)
 router.include_router(unserved.router)  # first: /threads/prune is not a thread id
+router.include_router(crons.router)  # before runs: /runs/crons is not a run
 # Runs before threads: a run's requests, the most frequent, are matched after fewer routes
 # (no path of one router matches a path of the other).
 router.include_router(runs.router)

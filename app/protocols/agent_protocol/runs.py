@@ -59,9 +59,12 @@ async def _start(
     services: Services, owner: str, thread_id: str, body: RunCreate
 ) -> tuple[dict[str, Any], fold.Run]:
     service.check_served(body, stateless=False)
+    service.check_webhook(services, body)
     sid = await _thread_for_run(services, owner, thread_id, body)
     await service.check_checkpoint(services, owner, sid, body)
-    return await service.start_run(services, owner, sid, body)
+    row, run = await service.start_run(services, owner, sid, body)
+    await service.subscribe_webhook(services, owner, sid, run, body)
+    return row, run
 
 
 async def _start_stateless(
@@ -69,15 +72,18 @@ async def _start_stateless(
 ) -> tuple[dict[str, Any], fold.Run]:
     """A run on a thread of its own, whose metadata says whether it outlives the run."""
     service.check_served(body, stateless=True)
+    service.check_webhook(services, body)
     sid = uuid4()
     metadata = service.stateless_metadata(body.on_completion)
     async with services.db.connection() as conn:
         await service.create_idle_thread(conn, owner, services, sid, metadata)
     try:
-        return await service.start_run(services, owner, sid, body)
+        row, run = await service.start_run(services, owner, sid, body)
     except Exception:
         await service.delete_thread(services, owner, sid)  # no run: the client never saw it
         raise
+    await service.subscribe_webhook(services, owner, sid, run, body)
+    return row, run
 
 
 def _deletes(body: RunCreate) -> bool:

@@ -20,6 +20,7 @@ from app.api import schemas as native
 from app.api import sessions as native_sessions
 from app.api.definitions import resolve_session
 from app.api.sessions import _wait_terminal
+from app.api.webhooks import new_secret
 from app.db.pool import Connection
 from app.domain import MAX_MESSAGE_CHARS, TERMINAL, Status, default_title, rfc3339
 from app.errors import (
@@ -38,9 +39,11 @@ from app.services import Services
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store import threads as thread_store
+from app.store import webhooks as webhook_store
 from app.store.notify import session_key
 from app.store.sessions import NewSession
 from app.streams.frames import session_envelope
+from app.webhooks.targets import allowed_hosts, check_url
 
 # Where app/main.py mounts the protocol.
 PREFIX = "/agent-protocol"
@@ -306,21 +309,70 @@ def check_served(body: RunCreate, stateless: bool) -> None:
             " at; have tool calls wait for approval (approvalRequired in the run's context), or"
             " let the agent ask (ask_user)"
         )
-    if body.webhook:
-        raise NotServed(
-            "webhook: Ferryman does not call webhooks yet (webhooks and schedules are a later"
-            " release); follow the run with runs.join or runs.join_stream"
-        )
     if body.after_seconds:
         raise NotServed(
-            "after_seconds: a delayed start is not served (schedules are a later release);"
-            " create the run when it is due"
+            "after_seconds: a delayed start is not served; create the run when it is due, or"
+            " give it a timetable with a cron (crons.create)"
         )
     if stateless and requested_checkpoint(body) is not None:
         raise NotServed(
             "checkpoint_id of a stateless run: its new thread has no checkpoint; run on the"
             " thread that has it"
         )
+
+
+def check_webhook(services: Services, body: RunCreate) -> None:
+    """A run's `webhook` must be a URL a subscription may name (422 WEBHOOK_TARGET_REFUSED),
+    checked before anything is written."""
+    if body.webhook is not None:
+        check_url(body.webhook, allowed_hosts(services.settings.webhook_allow_hosts))
+
+
+async def subscribe_webhook(
+    services: Services, owner: str, thread_id: UUID, run: fold.Run, body: RunCreate
+) -> None:
+    """The run's `webhook`: a one-off subscription, delivered once when the run ends."""
+    if body.webhook is None:
+        return
+    async with services.db.transaction() as conn:
+        await webhook_store.create_one_off(
+            conn, owner, thread_id, run.start_seq, body.webhook, new_secret()
+        )
+
+
+async def run_webhook_body(
+    conn: Connection, row: dict[str, Any] | None, session_id: UUID, start_seq: int, event: Any
+) -> dict[str, Any]:
+    """What a run's webhook delivers, as LangGraph's servers send it: the run (as
+    `runs.get` answers it) with `status`, `run_started_at`, `run_ended_at`, `webhook_sent_at`,
+    the thread's `values` as the run left them, and `error` when it failed. `row`: the
+    session, None once purged (then only what the end event says)."""
+    end = event.get("data") or {}
+    ended_at = event.get("createdAt")
+    status = fold.RUN_STATUS.get(Status(end.get("status", "failed")), "error")
+    body: dict[str, Any] = {
+        "run_id": fold.run_id(session_id, start_seq),
+        "thread_id": str(session_id),
+        "assistant_id": GRAPH_ID,
+        "status": status,
+        "metadata": {},
+        "run_started_at": None,
+        "values": None,
+    }
+    if row is not None:
+        for run in await runs_of_thread(conn, row):
+            if run.start_seq == start_seq:
+                assistant = str(row["assistant_id"]) if row["assistant_id"] else GRAPH_ID
+                body.update(run_view(row, run, assistant), status=status)
+                body["run_started_at"] = rfc3339(run.created_at)
+        state = await load_fold(conn, row)
+        upto = [p for p in state.checkpoints if p.seq <= int(event.get("seq") or 0)]
+        body["values"] = state.values(upto[-1]) if upto else {"messages": []}
+    body["run_ended_at"] = rfc3339(datetime.fromisoformat(ended_at)) if ended_at else None
+    body["webhook_sent_at"] = rfc3339(datetime.now(UTC))
+    if end.get("error"):
+        body["error"] = end["error"]
+    return body
 
 
 def requested_checkpoint(body: RunCreate) -> str | None:

@@ -17,14 +17,6 @@ def _not_served(what: str, why: str) -> None:
     raise NotServed(f"{what} is not served by Ferryman: {why}")
 
 
-@router.api_route("/crons", methods=_METHODS, include_in_schema=False)
-@router.api_route("/crons/{rest:path}", methods=_METHODS, include_in_schema=False)
-@router.api_route("/runs/crons", methods=_METHODS, include_in_schema=False)
-@router.api_route("/threads/{thread_id}/runs/crons", methods=_METHODS, include_in_schema=False)
-async def crons() -> None:
-    _not_served("crons", "use Ferryman's schedules")
-
-
 @router.api_route("/store/{rest:path}", methods=_METHODS, include_in_schema=False)
 async def store() -> None:
     _not_served("the store", "the agent keeps notes per session (put_note, get_note)")

@@ -403,6 +403,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/webhooks/run-secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rotate Run Secret
+         * @description A new signing secret for the owner's run webhooks (docs/webhooks.md#run-webhooks):
+         *     those of runs created from now on are signed with it; those made before keep theirs.
+         */
+        post: operations["rotateRunWebhookSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/webhooks/{webhook_id}": {
         parameters: {
             query?: never;
@@ -699,6 +720,11 @@ export interface components {
              * @default skip
              */
             overlap: components["schemas"]["Overlap"];
+            /**
+             * Format: uuid
+             * @description Bind the schedule to this session of yours: each tick posts `prompt` to it as a follow-up message (overlap applies to its runs) instead of creating a session; no session field may be given with it. 404 SESSION_NOT_FOUND for none of yours. The schedule is deleted with the session.
+             */
+            sessionId?: string;
         };
         /** CreateSession */
         CreateSession: {
@@ -854,6 +880,16 @@ export interface components {
         RenameSession: {
             title: string;
         };
+        /** RunWebhookSecret */
+        RunWebhookSecret: {
+            /** @description The secret the owner's run webhooks (an Agent Protocol run create's `webhook`) are signed with from now on, `whsec_` and base64: shown only here. */
+            secret: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+        };
         /** Schedule */
         Schedule: {
             /** Format: uuid */
@@ -879,6 +915,10 @@ export interface components {
             };
             /** @description The assistant version the definition was copied from (at create, or at the last PATCH of a session field), or null. */
             assistant: components["schemas"]["AssistantRef"] | null;
+            /** @description The session each tick posts its prompt to; null: each creates one. */
+            sessionId: string | null;
+            /** @description No tick after it fires (an Agent Protocol cron's `end_time`); null: none. */
+            endTime: string | null;
             /** @description The next tick; null while paused. */
             nextRunAt: string | null;
             /** @description overlap `queue`: the tick of the firing waiting for the last session. */
@@ -4560,6 +4600,53 @@ export interface operations {
             };
             /** @description Unprocessable Entity */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    rotateRunWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunWebhookSecret"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

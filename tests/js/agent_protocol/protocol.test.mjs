@@ -274,3 +274,42 @@ test("join after the worker was SIGKILLed mid-tool: every event exactly once, th
   assert.equal(text(messages.at(-1)), "Awake again after the nap.");
   assert.equal((await sdk.runs.get(thread.thread_id, runId)).status, "success");
 });
+
+test("crons: create, createForThread, search, count, update and delete over the caller's schedules", async () => {
+  const cron = await sdk.crons.create("ferryman", {
+    schedule: "30 2 * * *",
+    timezone: "Europe/Berlin",
+    input: userMessage("Write the nightly report."),
+    metadata: { test: "agent-protocol-js-crons" },
+  });
+  assert.ok(cron.cron_id, JSON.stringify(cron));
+  assert.equal(cron.timezone, "Europe/Berlin");
+  assert.equal(cron.thread_id, null);
+  assert.ok(new Date(cron.next_run_date) > new Date(), cron.next_run_date);
+  const thread = await newThread({ case: "crons" });
+  const bound = await sdk.crons.createForThread(thread.thread_id, "ferryman", {
+    schedule: "@daily",
+    input: userMessage("tick"),
+    metadata: { test: "agent-protocol-js-crons" },
+  });
+  assert.equal(bound.thread_id, thread.thread_id);
+
+  const mine = { metadata: { test: "agent-protocol-js-crons" } };
+  assert.equal(await sdk.crons.count(mine), 2);
+  const found = await sdk.crons.search({ ...mine, threadId: thread.thread_id });
+  assert.deepEqual(found.map((c) => c.cron_id), [bound.cron_id]);
+
+  const paused = await sdk.crons.update(cron.cron_id, { schedule: "0 6 * * *", enabled: false });
+  assert.equal(paused.schedule, "0 6 * * *");
+  assert.equal(paused.enabled, false);
+  assert.equal(paused.next_run_date, null);
+  await assert.rejects(
+    sdk.crons.create("ferryman", { schedule: "61 * * * *", input: userMessage("x") }),
+    (err) => err.status === 422,
+  );
+
+  await sdk.crons.delete(cron.cron_id);
+  await sdk.crons.delete(bound.cron_id);
+  assert.equal(await sdk.crons.count(mine), 0);
+  await assert.rejects(sdk.crons.delete(cron.cron_id), (err) => err.status === 404);
+});

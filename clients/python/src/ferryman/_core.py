@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         CancelAccepted,
         CompactionAccepted,
         MessageAccepted,
+        RunWebhookSecret,
         Schedule,
         SchedulePage,
         Session,
@@ -378,6 +379,10 @@ def _webhook_path(webhook_id: str) -> str:
 def create_webhook(url: str, events: list[str]) -> Call[Webhook]:
     body = {"url": url, "events": events}
     return Call("POST", "/api/webhooks", _model("Webhook"), json=body)
+
+
+def rotate_run_webhook_secret() -> Call[RunWebhookSecret]:
+    return Call("POST", "/api/webhooks/run-secret", _model("RunWebhookSecret"))
 
 
 def list_webhooks() -> Call[WebhookList]:

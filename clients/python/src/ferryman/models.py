@@ -148,6 +148,8 @@ class Schedule(Model):
     approval_required: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
     assistant: AssistantRef | None = None
+    session_id: str | None = None  # the session each tick posts to; None: each creates one
+    end_time: datetime | None = None  # no tick after it
     next_run_at: datetime | None = None  # None while paused
     pending_tick: datetime | None = None
     last_firings: list[ScheduleFiring] = Field(default_factory=list)  # newest first
@@ -158,6 +160,13 @@ class Schedule(Model):
 class SchedulePage(Model):
     schedules: list[Schedule]
     next_page_token: str | None = None
+
+
+class RunWebhookSecret(Model):
+    """The secret an owner's Agent Protocol run webhooks are signed with from now on."""
+
+    secret: str
+    created_at: datetime
 
 
 class Webhook(Model):

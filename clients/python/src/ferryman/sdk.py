@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         CompactionAccepted,
         Event,
         MessageAccepted,
+        RunWebhookSecret,
         Schedule,
         SchedulePage,
         Session,
@@ -352,6 +353,10 @@ class Ferryman(ClientBase):
 
     def list_webhooks(self) -> WebhookList:
         return self._call(_core.list_webhooks())
+
+    def rotate_run_webhook_secret(self) -> RunWebhookSecret:
+        """A new secret for the owner's Agent Protocol run webhooks: shown only here."""
+        return self._call(_core.rotate_run_webhook_secret())
 
     def get_webhook(self, webhook_id: str) -> Webhook:
         return self._call(_core.get_webhook(webhook_id))
@@ -905,6 +910,10 @@ class AsyncFerryman(ClientBase):
 
     async def list_webhooks(self) -> WebhookList:
         return await self._call(_core.list_webhooks())
+
+    async def rotate_run_webhook_secret(self) -> RunWebhookSecret:
+        """A new secret for the owner's Agent Protocol run webhooks: shown only here."""
+        return await self._call(_core.rotate_run_webhook_secret())
 
     async def get_webhook(self, webhook_id: str) -> Webhook:
         return await self._call(_core.get_webhook(webhook_id))

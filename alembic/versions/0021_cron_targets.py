@@ -14,14 +14,14 @@ and only they match an owner's sessions. `webhook_run_secrets`: the secret an ow
 webhooks are signed with.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 Create Date: 2026-12-03
 """
 
 from alembic import op
 
 revision = "0021"
-down_revision = "0019"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 

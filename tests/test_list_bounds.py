@@ -15,6 +15,7 @@ from uuid import uuid4
 
 import httpx
 import psutil
+import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,7 +27,7 @@ from app.domain import (
     session_view,
     within_bytes,
 )
-from app.store.sessions import LIST_COLUMNS, SESSION_COLUMNS
+from app.store.sessions import _LIST_SESSIONS, LIST_COLUMNS, SESSION_COLUMNS
 from tests.support import ServerProcess, client, create_owner_key, running
 
 EXCERPT = 2000
@@ -189,3 +190,50 @@ async def test_listing_does_not_grow_the_server(
         grown = process.memory_info().rss - before
     assert grown < 8 * 1_048_576, grown
     assert json_size({"sessions": []}) < LIST_ENVELOPE_BYTES
+
+
+def toast_blocks(conn: psycopg.Connection[Any]) -> int:
+    """The blocks of the sessions table's TOAST read so far (this backend's counts flushed)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.commit()  # the backend flushes its counts as it goes idle, before it answers
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    cur = conn.execute(
+        "SELECT toast_blks_read + toast_blks_hit FROM pg_statio_user_tables"
+        " WHERE relname = 'sessions'"
+    )
+    (blocks,) = cur.fetchone() or (0,)
+    conn.commit()
+    return int(blocks)
+
+
+def test_the_list_statement_reads_no_big_text_whole(
+    isolated_db: str, keyed: tuple[ServerProcess, str, list[dict[str, Any]]]
+) -> None:
+    """The list's SQL fetches one TOAST chunk of each big text (`left()`'s slice), where reading
+    the columns whole fetches them all: PostgreSQL's own block counts."""
+    _, _, made = keyed
+    with psycopg.connect(isolated_db) as conn:
+        cur = conn.execute("SELECT owner_id FROM sessions WHERE id = %s", (made[0]["id"],))
+        (owner,) = cur.fetchone() or ("",)
+        conn.commit()
+        start = toast_blocks(conn)
+        params = {
+            "owner": owner,
+            "statuses": None,
+            "after_ts": None,
+            "after_id": None,
+            "limit": 51,
+            "pattern": None,
+            "excerpt": EXCERPT,
+        }
+        listed = conn.execute(_LIST_SESSIONS, params).fetchall()
+        conn.commit()
+        by_list = toast_blocks(conn) - start
+        whole = conn.execute(
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE owner_id = %s", (owner,)
+        ).fetchall()
+        conn.commit()
+        by_whole = toast_blocks(conn) - start - by_list
+    assert len(listed) == len(whole) == SESSIONS
+    assert by_list <= 4 * SESSIONS, by_list  # a chunk or two of each of the 2 texts
+    assert by_whole > 10 * by_list, (by_whole, by_list)

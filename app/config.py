@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     cancel_wait_seconds: float = 30.0
     # A transcript page stops at this many bytes of events (or one event, if that is bigger).
     transcript_page_bytes: int = Field(default=4 * 1_048_576, ge=65_536)
+    # A session list page stops before the item that would take it past this many bytes (at
+    # least one item), with its next page token; its items' prompt and instructions are cut
+    # to list_excerpt_chars (GET one session for them whole).
+    list_max_bytes: int = Field(default=1_048_576, ge=65_536)
+    list_excerpt_chars: int = Field(default=200, ge=1, le=10_000)
     # A run-written event (model text, a tool result) is cut to this size, with a marker.
     max_event_bytes: int = Field(default=262_144, ge=4096)
     # A tool result longer than this is shown to the model cut, with a marker (the log keeps
@@ -163,7 +168,8 @@ class Settings(BaseSettings):
     # Browser pages of these origins may call the API (CORS), comma-separated: a frontend
     # served from elsewhere (Agent Chat UI on its own port, say). Empty: only same-origin pages.
     cors_origins: str = ""
-    # /metrics in keys mode: unset, it wants an API key; set, this bearer token instead.
+    # /metrics in keys (or jwt) mode wants this bearer token; unset, it answers 403
+    # METRICS_TOKEN_REQUIRED (its counts are every owner's: no tenant key reads them).
     metrics_token: SecretStr | None = None
 
     # Tokens of an identity provider (FERRYMAN_AUTH=jwt, docs/clients.md).

@@ -5,7 +5,9 @@ Pure: no I/O, no framework imports, so the store, the API and the runtime all st
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -248,6 +250,46 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
             "toolCallId": row["parent_tool_call_id"],
         }
     return view
+
+
+# The fields a listed session carries only the start of (docs/tenants.md "What a tenant sees").
+EXCERPTED_FIELDS = ("prompt", "instructions")
+
+
+def session_summary(row: dict[str, Any], excerpt_chars: int) -> dict[str, Any]:
+    """A session as a list shows it: its view with `prompt` and `instructions` cut to
+    `excerpt_chars` characters, and `truncated` naming the fields that were cut (GET the
+    session for them whole)."""
+    view = session_view(row)
+    truncated = []
+    for name in EXCERPTED_FIELDS:
+        text = view[name]
+        if text is not None and len(text) > excerpt_chars:
+            view[name] = text[:excerpt_chars]
+            truncated.append(name)
+    view["truncated"] = truncated
+    return view
+
+
+def json_size(value: Any) -> int:
+    """The bytes of `value` as an answer's JSON (compact, UTF-8: Starlette's JSONResponse)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+# What a list answer holds besides its items (the envelope, a cursor, a page token), at most.
+LIST_ENVELOPE_BYTES = 1024
+
+
+def within_bytes(sizes: Sequence[int], max_bytes: int) -> int:
+    """How many of the leading items (of these JSON sizes) one list answer of at most
+    `max_bytes` holds, with their commas and `LIST_ENVELOPE_BYTES` for the rest: the page stops
+    before the item that would pass it; at least one item, so every page moves on."""
+    used = LIST_ENVELOPE_BYTES
+    for count, size in enumerate(sizes):
+        used += size + 1
+        if used > max_bytes and count > 0:
+            return count
+    return len(sizes)
 
 
 def fork_status(last_type: str, last_data: dict[str, Any], edited: bool) -> Status:

@@ -16,6 +16,7 @@ class ProblemCode(StrEnum):
     INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"
     AUTH_REQUIRED = "AUTH_REQUIRED"
     INVALID_API_KEY = "INVALID_API_KEY"
+    METRICS_TOKEN_REQUIRED = "METRICS_TOKEN_REQUIRED"
     TOKEN_INVALID = "TOKEN_INVALID"
     TOKEN_EXPIRED = "TOKEN_EXPIRED"
     TOKEN_KEYS_UNAVAILABLE = "TOKEN_KEYS_UNAVAILABLE"
@@ -238,6 +239,13 @@ class AuthRequired(Unauthorized):
 
 class InvalidApiKey(Unauthorized):
     code = ProblemCode.INVALID_API_KEY
+
+
+class MetricsTokenRequired(FerrymanError):
+    """/metrics in keys or jwt mode with no FERRYMAN_METRICS_TOKEN: its counts are every
+    owner's, so no tenant's key reads them."""
+
+    status, code, title = 403, ProblemCode.METRICS_TOKEN_REQUIRED, "Forbidden"
 
 
 class TokenInvalid(Unauthorized):

@@ -109,8 +109,12 @@ def create_app(
             running.callback(services.shutdown.set)  # first: open streams end
             yield
 
-    # Swagger UI and ReDoc served from the package, not a CDN: /docs works offline.
+    # Swagger UI's and ReDoc's files served from the package, not a CDN: /docs works offline.
+    # Their pages are the workbench's (app.web: its CSP, no inline script), not FastAPI's.
     app = FastAPIOffline(
+        docs_url=None,
+        redoc_url=None,
+        static_url=web.DOCS_STATIC,
         title="Ferryman",
         version=__version__,
         summary="Durable LLM agent sessions: leases, fenced writes, crash recovery, SSE.",

@@ -137,6 +137,11 @@ SETTINGS: dict[str, str] = {
     " session, holds the answer.",
     "transcript_page_bytes": "A transcript page, and each read of the log by a run, stops at"
     " this many bytes of events (at least one event).",
+    "list_max_bytes": "A session list page (and an Agent Protocol threads search) stops before"
+    " the item that would take its answer past this many bytes, with its `nextPageToken` (at"
+    " least one item).",
+    "list_excerpt_chars": "A listed session's `prompt` and `instructions` are cut to this many"
+    " characters (`truncated` names which were); GET the session for them whole.",
     "max_event_bytes": "Model text and tool output beyond this are cut, with a marker, before"
     " they are logged (a user message never is).",
     "model_tool_result_max_chars": "A tool result longer than this is shown to the model cut,"
@@ -146,8 +151,8 @@ SETTINGS: dict[str, str] = {
     "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
     "cors_origins": "Origins (`https://app.example.com`) whose browser pages may call the API"
     " (CORS), comma-separated; `*` for any. Keys travel in headers, never cookies.",
-    "metrics_token": "In keys (or jwt) mode `/metrics` wants this bearer token; unset, any API"
-    " key (or token).",
+    "metrics_token": "In keys (or jwt) mode `/metrics` takes only this bearer token; unset, it"
+    " answers 403 `METRICS_TOKEN_REQUIRED` (its counts are every owner's).",
     "jwt_jwks_url": "jwt mode (required): the identity provider's JWK set, `https://...`; its"
     " keys are cached.",
     "jwt_issuer": "jwt mode (required): the `iss` every token must carry.",
@@ -272,6 +277,11 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.INVALID_PAGE_TOKEN: (400, "A `pageToken` this server did not give out."),
     ProblemCode.AUTH_REQUIRED: (401, "Keys or jwt mode, and the request has no key or token."),
     ProblemCode.INVALID_API_KEY: (401, "The API key is unknown or revoked."),
+    ProblemCode.METRICS_TOKEN_REQUIRED: (
+        403,
+        "Keys or jwt mode, and no `FERRYMAN_METRICS_TOKEN` is set: `/metrics` serves no tenant's"
+        " key, set the token and scrape with it.",
+    ),
     ProblemCode.TOKEN_INVALID: (
         401,
         "jwt mode: the token is not a JWT, or its signature, algorithm, key (`kid`), issuer,"

@@ -271,7 +271,9 @@ async def test_list_newest_first_and_status_filter(
 
         listed = (await http.get("/api/agent")).json()
         assert [s["id"] for s in listed["sessions"]] == [s["id"] for s in reversed(made)]
-        assert all(set(s) == SESSION_FIELDS for s in listed["sessions"])
+        # Summaries: the session and `truncated` (none cut: these prompts are short).
+        assert all(set(s) == {*SESSION_FIELDS, "truncated"} for s in listed["sessions"])
+        assert all(s["truncated"] == [] for s in listed["sessions"])
         assert listed["nextPageToken"] is None
 
         def ids(response: httpx.Response) -> set[str]:

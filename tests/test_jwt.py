@@ -185,8 +185,8 @@ async def test_a_token_names_its_owner_and_owners_are_apart(jwt_server: ServerPr
         # A new token of the same subject is the same owner.
         a.headers["Authorization"] = f"Bearer {token_for(alice)}"
         assert (await a.get(f"/api/agent/{session['id']}")).status_code == 200
-        # /metrics takes a valid token (no FERRYMAN_METRICS_TOKEN here).
-        assert (await a.get("/metrics")).status_code == 200
+        # /metrics wants FERRYMAN_METRICS_TOKEN, which is not set here: no owner's token reads it.
+        assert_problem(await a.get("/metrics"), 403, "METRICS_TOKEN_REQUIRED")
 
 
 def bad_tokens() -> dict[str, tuple[str, str]]:

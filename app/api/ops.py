@@ -13,12 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from psycopg_pool import PoolTimeout
 
 from app.api import schemas
-from app.api.deps import ServicesDep, resolve_caller
+from app.api.deps import ServicesDep
 from app.api.openapi import problems
 from app.api.problems import problem
 from app.db import migrate
 from app.db.pool import UNAVAILABLE_ERRORS
-from app.errors import AuthRequired, InvalidApiKey, ProblemCode
+from app.errors import AuthRequired, InvalidApiKey, MetricsTokenRequired, ProblemCode
 from app.store import server as server_store
 
 router = APIRouter(tags=["operations"])
@@ -72,21 +72,23 @@ async def readyz(services: ServicesDep) -> Response:
 
 
 async def _metrics_access(services: ServicesDep, request: Request) -> None:
-    """In keys (or jwt) mode /metrics wants FERRYMAN_METRICS_TOKEN when one is set (for a
-    scraper that is no owner), else any valid API key (or token). Local mode answers everyone,
-    like every route."""
+    """In keys (or jwt) mode /metrics wants FERRYMAN_METRICS_TOKEN, and with none set answers
+    403 METRICS_TOKEN_REQUIRED: its counts are every owner's, so no tenant's key (or token)
+    reads them. Local mode answers everyone, like every route."""
     if services.settings.auth_mode == "local":
         return
+    expected = services.settings.metrics_token
+    if expected is None:
+        raise MetricsTokenRequired(
+            "/metrics shows every owner's counts: set FERRYMAN_METRICS_TOKEN on the server"
+            " and scrape with `Authorization: Bearer <that token>`"
+        )
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise AuthRequired("/metrics needs `Authorization: Bearer <token>`")
-    expected = services.settings.metrics_token
-    if expected is not None:
-        if not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
-            raise InvalidApiKey("this is not FERRYMAN_METRICS_TOKEN")
-        return
-    await resolve_caller(services, request, token)
+        raise AuthRequired("/metrics needs `Authorization: Bearer <FERRYMAN_METRICS_TOKEN>`")
+    if not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+        raise InvalidApiKey("this is not FERRYMAN_METRICS_TOKEN")
 
 
 @router.get(
@@ -96,7 +98,7 @@ async def _metrics_access(services: ServicesDep, request: Request) -> None:
     dependencies=[Depends(_metrics_access)],
     responses={
         200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
-        **problems(401),
+        **problems(401, 403),
     },
 )
 async def metrics(services: ServicesDep) -> Response:

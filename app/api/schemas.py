@@ -679,8 +679,26 @@ class ScheduleRef(BaseModel):
     firedAt: DateTime = Field(description="The tick it fired for (the cron's time, in UTC).")
 
 
+class SessionSummary(Session):
+    """A session as a list shows it (docs/tenants.md "What a tenant sees")."""
+
+    prompt: str = Field(
+        description="The opening message's first FERRYMAN_LIST_EXCERPT_CHARS characters (200);"
+        " empty while the session is `idle`."
+    )
+    instructions: str | None = Field(
+        description="Its first FERRYMAN_LIST_EXCERPT_CHARS characters, or null."
+    )
+    truncated: list[Literal["prompt", "instructions"]] = Field(
+        description="The fields cut here: GET the session for them whole."
+    )
+
+
 class SessionList(BaseModel):
-    sessions: list[Session]
+    sessions: list[SessionSummary] = Field(
+        description="At most `limit`, and no more than FERRYMAN_LIST_MAX_BYTES of answer holds"
+        " (at least one): a shorter page has a `nextPageToken` too."
+    )
     cursor: str = Field(description="Owner-event cursor of this snapshot: stream from it.")
     nextPageToken: str | None
 

@@ -23,7 +23,10 @@ from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     TERMINAL,
     Status,
+    json_size,
+    session_summary,
     session_view,
+    within_bytes,
 )
 from app.errors import InvalidPageToken, SessionNotFound
 from app.store import events as event_store
@@ -122,7 +125,7 @@ async def create_session(
 )
 async def list_sessions(
     owner: Owner,
-    db: DatabaseDep,
+    services: ServicesDep,
     status_filter: Annotated[
         list[Status] | None, Query(alias="status", description="Repeatable.")
     ] = None,
@@ -140,12 +143,19 @@ async def list_sessions(
 ) -> dict[str, Any]:
     after = decode_page_token(page_token) if page_token else None
     statuses = [str(s) for s in status_filter] if status_filter else None
-    async with db.transaction() as conn:
+    settings = services.settings
+    async with services.db.transaction() as conn:
         rows, cursor, next_key = await session_store.list_sessions(
-            conn, owner, statuses, limit, after, search
+            conn, owner, statuses, limit, after, search, settings.list_excerpt_chars
         )
+    # Summaries (no big text whole), and no more of them than FERRYMAN_LIST_MAX_BYTES holds.
+    views = [session_summary(row, settings.list_excerpt_chars) for row in rows]
+    kept = within_bytes([json_size(v) for v in views], settings.list_max_bytes)
+    if kept < len(views):
+        views, rows = views[:kept], rows[:kept]
+        next_key = session_store.PageKey(rows[-1]["created_at"], rows[-1]["id"])
     return {
-        "sessions": [session_view(row) for row in rows],
+        "sessions": views,
         "cursor": str(cursor),
         "nextPageToken": encode_page_token(next_key) if next_key else None,
     }

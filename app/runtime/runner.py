@@ -58,6 +58,7 @@ from app.agent.models import (
     RetryPolicy,
     ToolSpec,
 )
+from app.agent.models.redact import redact_provider_text
 from app.agent.resume import ResumePlan, plan_resume, repair
 from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
 from app.db.pool import Database
@@ -449,7 +450,8 @@ class Run:
             self.count_tokens(reply.usage)
             self.conversation.append(reply)
             if reply.stop_reason == "error":
-                error = {"code": SessionErrorCode.MODEL_ERROR, "message": reply.text}
+                message = redact_provider_text(reply.text)  # a provider's words, as a fault's
+                error = {"code": SessionErrorCode.MODEL_ERROR, "message": message}
                 await self.finish(Status.FAILED, error=error)
                 return
             if reply.tool_calls:

@@ -46,6 +46,14 @@ SESSION_COLUMNS = """
     schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
 """
 
+# What a list reads of a session: every column, but only the start of the two big texts (up to
+# 100,000 characters each), one character past the excerpt so `domain.session_summary` knows
+# whether it cut them. `left` reads a TOASTed value's slice, not all of it.
+EXCERPTED = ("prompt", "instructions")
+LIST_COLUMNS = ", ".join(
+    f"left({c}, %(excerpt)s::int + 1) AS {c}" if c in EXCERPTED else c
+    for c in (c.strip() for c in SESSION_COLUMNS.split(","))
+)
 
 _OWNED_SESSION = f"""
     SELECT {SESSION_COLUMNS} FROM sessions
@@ -99,7 +107,7 @@ _CREATE_IDLE_SESSION = statement(
 _LIST_SESSIONS = statement(
     "list_sessions",
     f"""
-    SELECT {SESSION_COLUMNS} FROM sessions
+    SELECT {LIST_COLUMNS} FROM sessions
     WHERE owner_id = %(owner)s AND deleted_at IS NULL
       AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
       AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
@@ -414,9 +422,12 @@ async def list_sessions(
     limit: int,
     after: PageKey | None,
     search: str | None = None,
+    excerpt_chars: int = 200,
 ) -> tuple[list[dict[str, Any]], int, PageKey | None]:
     """One page, newest first, plus the owner-event cursor read in the same snapshot; with
     `search`, only the sessions whose title contains it (case-insensitive, taken literally).
+    Its rows hold `excerpt_chars` + 1 characters of `prompt` and `instructions` at most
+    (`LIST_COLUMNS`): `domain.session_summary` views them.
 
     Runs in a REPEATABLE READ transaction: the rows and the cursor come from one snapshot, so
     streaming from the cursor afterwards misses nothing and repeats nothing.
@@ -434,6 +445,7 @@ async def list_sessions(
             "after_id": after.id if after else None,
             "limit": limit + 1,
             "pattern": None if search is None else f"%{like_literal(search)}%",
+            "excerpt": excerpt_chars,
         },
     )
     rows = await cur.fetchall()

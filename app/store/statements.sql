@@ -374,20 +374,13 @@ FROM schedules
    LIMIT %(limit)s;
 
 -- name: list_sessions
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
-     AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
-   ORDER BY created_at DESC, id DESC
-   LIMIT %(limit)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
+  AND (%(pattern)s::text IS NULL OR title ILIKE %(pattern)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
 
 -- name: list_webhooks
 SELECT id, owner_id, url, events, created_at, updated_at FROM webhooks WHERE owner_id = %s AND session_id IS NULL
@@ -753,132 +746,76 @@ ORDER BY a.created_at DESC, a.id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_created_at_asc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY created_at ASC, id ASC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY created_at ASC, id ASC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_created_at_desc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY created_at DESC, id DESC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_id_asc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY id ASC, id ASC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY id ASC, id ASC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_id_desc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY id DESC, id DESC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY id DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_status_asc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY status ASC, id ASC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY status ASC, id ASC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_status_desc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY status DESC, id DESC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY status DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_updated_at_asc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY updated_at ASC, id ASC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY updated_at ASC, id ASC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_updated_at_desc
-SELECT
-   id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
-   error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
-   delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
-   approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
-   assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
-FROM sessions
-   WHERE owner_id = %(owner)s AND deleted_at IS NULL
-     AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-     AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
-     AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-   ORDER BY updated_at DESC, id DESC
-   LIMIT %(limit)s OFFSET %(offset)s;
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+WHERE owner_id = %(owner)s AND deleted_at IS NULL
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+ORDER BY updated_at DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: session_by_id
 SELECT

@@ -16,7 +16,7 @@ from app.db.pool import Connection
 from app.domain import OwnerEventType, SessionEventType, Status
 from app.store.events import owner_event_ctes
 from app.store.notify import RUNS_CHANNEL, WORK_KEY, notifying, session_key
-from app.store.sessions import SESSION_COLUMNS, STATUS_EVENT_DATA, NewSession
+from app.store.sessions import LIST_COLUMNS, SESSION_COLUMNS, STATUS_EVENT_DATA, NewSession
 from app.store.statements import statement
 
 # The sort keys a thread search takes, and the column each orders by.
@@ -28,8 +28,9 @@ SORT_COLUMNS = {
     "state_updated_at": "updated_at",
 }
 
+# A search reads what a session list reads (no big texts whole): a thread's view shows neither.
 _SEARCH = f"""
-    SELECT {SESSION_COLUMNS} FROM sessions
+    SELECT {LIST_COLUMNS} FROM sessions
     WHERE owner_id = %(owner)s AND deleted_at IS NULL
       AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
       AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -141,6 +142,7 @@ async def search(conn: Connection, owner_id: str, query: ThreadQuery) -> list[di
             "ids": query.ids,
             "limit": query.limit,
             "offset": query.offset,
+            "excerpt": 0,
         },
     )
     return await cur.fetchall()

@@ -430,7 +430,7 @@ var Ferryman = class {
     const query = { status: status2, limit: params.limit ?? 50, pageToken: params.pageToken, q: params.q };
     return this.json({ method: "GET", path: "/api/agent", query, signal: options.signal });
   }
-  /** Every session, page after page. */
+  /** Every session (as its summary), page after page. */
   async *iterSessions(params = {}, options = {}) {
     let pageToken = null;
     do {

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from app.agent.conversation import AssistantMessage, Message
+from app.agent.models.redact import redact_provider_text
 from app.domain import SessionErrorCode
 
 DeltaSink = Callable[[str], Awaitable[None]]
@@ -99,6 +100,9 @@ class ModelFault(Exception):
         retry_after: float | None = None,
         status: int | None = None,
     ) -> None:
+        # What a tenant reads (model_retry, the session's error): nothing of the operator's
+        # account at the provider (its keys, organization, request ids: models.redact).
+        message = redact_provider_text(message)
         super().__init__(message)
         self.kind = kind
         self.message = message

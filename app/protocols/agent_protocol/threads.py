@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api import sessions as native_sessions
 from app.api.deps import ProtocolOwner, ServicesDep
+from app.domain import json_size, within_bytes
 from app.errors import InputNotSupported, NotServed, ThreadExists
 from app.protocols.agent_protocol import fold, service
 from app.protocols.agent_protocol.schemas import (
@@ -64,7 +65,7 @@ async def search_threads(
     body: ThreadSearch, owner: ProtocolOwner, services: ServicesDep
 ) -> list[dict[str, Any]]:
     """Threads, newest first unless sorted otherwise; `values` is left out (get a thread, or
-    its state, for them)."""
+    its state, for them), and fewer than `limit` when FERRYMAN_LIST_MAX_BYTES is reached."""
     if body.values:
         raise NotServed("threads.search by values: search by metadata or status")
     query = thread_store.ThreadQuery(
@@ -78,7 +79,9 @@ async def search_threads(
     )
     async with services.db.connection() as conn:
         rows = await thread_store.search(conn, owner, query)
-    return [service.thread_view(row, None) for row in rows]
+    # No more than FERRYMAN_LIST_MAX_BYTES of answer (at least one): a client pages on by offset.
+    views = [service.thread_view(row, None) for row in rows]
+    return views[: within_bytes([json_size(v) for v in views], services.settings.list_max_bytes)]
 
 
 @router.post("/threads/count")

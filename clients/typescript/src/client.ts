@@ -12,6 +12,9 @@ import { Backoff, streamEvents, type MalformedFrame, type StreamTransport } from
 type Schemas = components["schemas"];
 export type Session = Schemas["Session"];
 export type SessionList = Schemas["SessionList"];
+/** A session as a list shows it: `prompt` and `instructions` cut to their first 200 characters,
+ * `truncated` naming those cut (getSession has them whole). */
+export type SessionSummary = Schemas["SessionSummary"];
 export type SessionStatus = Schemas["Status"];
 export type CreateSession = Schemas["CreateSession"];
 export type CancelAccepted = Schemas["CancelAccepted"];
@@ -124,8 +127,8 @@ export class Ferryman implements StreamTransport {
     return this.json({ method: "GET", path: "/api/agent", query, signal: options.signal });
   }
 
-  /** Every session, page after page. */
-  async *iterSessions(params: { status?: SessionStatus | SessionStatus[]; q?: string } = {}, options: RequestOptions = {}): AsyncGenerator<Session> {
+  /** Every session (as its summary), page after page. */
+  async *iterSessions(params: { status?: SessionStatus | SessionStatus[]; q?: string } = {}, options: RequestOptions = {}): AsyncGenerator<SessionSummary> {
     let pageToken: string | null = null;
     do {
       const page: SessionList = await this.listSessions({ ...params, limit: MAX_LIST_LIMIT, pageToken }, options);

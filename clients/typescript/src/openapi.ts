@@ -1069,10 +1069,70 @@ export interface components {
         };
         /** SessionList */
         SessionList: {
-            sessions: components["schemas"]["Session"][];
+            /** @description At most `limit`, and no more than FERRYMAN_LIST_MAX_BYTES of answer holds (at least one): a shorter page has a `nextPageToken` too. */
+            sessions: components["schemas"]["SessionSummary"][];
             /** @description Owner-event cursor of this snapshot: stream from it. */
             cursor: string;
             nextPageToken: string | null;
+        };
+        /**
+         * SessionSummary
+         * @description A session as a list shows it (docs/tenants.md "What a tenant sees").
+         */
+        SessionSummary: {
+            /** Format: uuid */
+            id: string;
+            ownerId: string;
+            title: string;
+            status: components["schemas"]["Status"];
+            /** @description How many runs the session has had: every claim adds 1. */
+            attempt: number;
+            /** @description How many of those runs took the session over from one that did not finish (its worker crashed or lost its lease, or shut down): not follow-ups or approvals. */
+            resumes: number;
+            model: string;
+            /** @description The opening message's first FERRYMAN_LIST_EXCERPT_CHARS characters (200); empty while the session is `idle`. */
+            prompt: string;
+            activeStage: string | null;
+            error: components["schemas"]["SessionError"] | null;
+            cancelRequested: boolean;
+            lease: components["schemas"]["Lease"] | null;
+            lastSeq: number;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            updatedAt: string;
+            metadata: {
+                [key: string]: unknown;
+            };
+            /** @description Its first FERRYMAN_LIST_EXCERPT_CHARS characters, or null. */
+            instructions: string | null;
+            modelSettings: {
+                [key: string]: unknown;
+            };
+            approvalRequired: string[];
+            /** @description The assistant version the definition was copied from (kept for every turn and resume), or null. */
+            assistant: components["schemas"]["AssistantRef"] | null;
+            usage: components["schemas"]["Usage"];
+            /** @description The tools its client declared (absent: none). */
+            clientTools?: components["schemas"]["ClientTool"][] | null;
+            /** @description When and how its conversation is compacted (absent: never). */
+            compaction?: components["schemas"]["Compaction"] | null;
+            /** @description Where a fork's history came from (absent: not a fork). */
+            forkedFrom?: components["schemas"]["ForkedFrom"] | null;
+            /** @description The assistants it may delegate to (absent: none). */
+            delegates?: string[] | null;
+            /** @description The delegate call that made it (absent: not a delegate's child). */
+            parent?: components["schemas"]["Parent"] | null;
+            /** @description The schedule that fired it and the tick it fired for (absent: none). */
+            schedule?: components["schemas"]["ScheduleRef"] | null;
+            /** @description The fields cut here: GET the session for them whole. */
+            truncated: ("prompt" | "instructions")[];
         };
         /**
          * Status
@@ -1312,7 +1372,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "METRICS_TOKEN_REQUIRED" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -5047,6 +5107,15 @@ export interface operations {
             };
             /** @description Unauthorized */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

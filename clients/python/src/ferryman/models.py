@@ -241,8 +241,17 @@ class Session(Model):
         return self.status in TERMINAL_STATUSES
 
 
+class SessionSummary(Session):
+    """A session as a list shows it: `prompt` and `instructions` are their first 200
+    characters (the server's FERRYMAN_LIST_EXCERPT_CHARS); `truncated` names those cut (get the
+    session for them whole)."""
+
+    truncated: list[str] = Field(default_factory=list)
+
+
 class SessionPage(Model):
-    sessions: list[Session]
+    # Summaries, at most `limit` and no more than the server's FERRYMAN_LIST_MAX_BYTES holds.
+    sessions: list[SessionSummary]
     # The owner-event cursor of this page's snapshot: stream owner events from it.
     cursor: str
     next_page_token: str | None = None

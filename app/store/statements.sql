@@ -52,7 +52,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE parent_session_id = %s AND parent_tool_call_id = %s;
 
@@ -87,7 +88,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.created_by_key_id, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -172,8 +173,10 @@ WHERE sessions.id = %(session_id)s;
 
 -- name: create_idle_session
 WITH s AS (
-    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
-    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}')
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
+                          created_by_key_id)
+    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}',
+            %(key)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -181,7 +184,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -206,9 +210,9 @@ INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools,
                       instructions, model_settings, approval_required, assistant_id,
                       assistant_version, client_tools, compaction, schedule_id,
                       schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                      depth)
+                      depth, created_by_key_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-        %s)
+        %s, %s)
 ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
 DO NOTHING
 RETURNING
@@ -217,7 +221,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: create_webhook
 INSERT INTO webhooks (id, owner_id, url, events, secret)
@@ -248,13 +253,14 @@ WITH forked AS (
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, delegates,
-                          last_seq, delivered_seq, forked_from_session_id, forked_from_seq)
+                          last_seq, delivered_seq, forked_from_session_id, forked_from_seq,
+                          created_by_key_id)
     SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
            coalesce(%(prompt)s, p.prompt), p.script, p.tools,
            p.metadata - '{stateless,on_completion}'::text[], p.instructions,
            p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
            p.client_tools, p.compaction, p.delegates, %(copy)s,
-           least(p.delivered_seq, %(copy)s), p.id, %(at)s
+           least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s
     FROM sessions p WHERE p.id = %(parent)s
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -262,7 +268,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -315,7 +322,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -326,7 +334,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -365,7 +374,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -436,7 +446,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -475,6 +486,22 @@ SELECT p.id, p.status, (
     WHERE e.session_id = %(child)s AND e.type = 'assistant_message'
     ORDER BY e.seq DESC LIMIT 1) AS answer
 FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL;
+
+-- name: pending_approvals
+SELECT s.id AS session_id, s.title, e.seq, e.data, e.created_at
+FROM sessions s
+JOIN session_events e ON e.session_id = s.id
+     AND e.type = 'tool_approval_requested'
+WHERE s.owner_id = %s AND s.deleted_at IS NULL AND s.status NOT IN ('cancelled', 'failed', 'succeeded')
+  AND NOT EXISTS (
+      SELECT 1 FROM session_events d
+      WHERE d.session_id = e.session_id AND d.seq > e.seq
+        AND d.type IN ('tool_approval_decided',
+                       'tool_result')
+        AND d.data->>'toolCallId' = e.data->>'toolCallId'
+  )
+ORDER BY e.created_at, s.id, e.seq
+LIMIT %s;
 
 -- name: prune_schedule_firings
 DELETE FROM schedule_firings WHERE schedule_id = %(schedule)s AND tick < (
@@ -544,7 +571,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -554,7 +582,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -564,7 +593,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: run_write
 WITH bumped AS (
@@ -716,7 +746,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -732,7 +763,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -748,7 +780,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -764,7 +797,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -780,7 +814,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -796,7 +831,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -812,7 +848,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -828,7 +865,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -844,7 +882,8 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    created_by_key_id
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -882,7 +921,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -911,7 +951,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -942,7 +983,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -980,7 +1022,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -1043,6 +1086,7 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    created_by_key_id
  FROM sessions WHERE id = ANY(%s);
 

@@ -1,16 +1,19 @@
 """Approver keys and separate approval (docs/approvals.md), on a real server in keys mode with a
 worker: a key whose policy names an owner in `approverFor` lists and decides that owner's
 pending approvals and reads nothing else of it; with FERRYMAN_APPROVAL_SEPARATE the key that
-created a session may not decide its calls, another key of the owner may."""
+created a session may not decide its calls, another key of the owner may; and a delegated child,
+made under its parent's key."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from app.store.keys import hash_key
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -19,7 +22,10 @@ from tests.support import (
     client,
     create_owner_key,
     new_session,
+    of_type,
+    query,
     running,
+    transcript,
     wait_for_status,
 )
 
@@ -115,3 +121,56 @@ async def test_the_key_that_made_a_session_may_not_decide_its_calls(
         decided = await decide(other, sid, call_id, True)
         assert decided.status_code == 202, decided.text
         assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
+
+
+async def test_a_delegated_child_is_made_under_its_parents_key(
+    separate: ServerProcess, isolated_db: str
+) -> None:
+    """A delegate whose tools the parent's key may not use is answered as a failed call, and no
+    child is made; the delegate the key may use runs."""
+    owner, wide_key = create_owner_key(isolated_db)
+    _, limited_key = create_owner_key(isolated_db, owner, {"tools": ["put_note"]})
+    async with client(separate.url, wide_key) as wide, client(separate.url, limited_key) as http:
+        made = await wide.post(
+            "/api/assistants",
+            json={"name": "Sleeper", "model": "scripted", "tools": ["sleep"], "script": []},
+        )
+        assert made.status_code == 201, made.text
+        noter = await http.post(
+            "/api/assistants",
+            json={
+                "name": "Noter",
+                "model": "scripted",
+                "tools": ["put_note"],
+                "script": [{"text": "noted"}],
+            },
+        )
+        assert noter.status_code == 201, noter.text
+        calls = [
+            {"name": "agent__sleeper", "arguments": {"task": "nap"}},
+            {"name": "agent__noter", "arguments": {"task": "note"}},
+        ]
+        sid = await new_session(
+            http,
+            tools=["put_note"],
+            delegates=[made.json()["id"], noter.json()["id"]],
+            script=[{"toolCalls": calls}, {"text": "after"}],
+        )
+        assert (await wait_for_status(http, sid, TERMINAL))["status"] == "succeeded"
+        results = {
+            e["data"]["name"]: e["data"]
+            for e in of_type(await transcript(http, sid), "tool_result")
+        }
+        assert results["agent__sleeper"]["isError"] is True
+        assert "may not delegate" in results["agent__sleeper"]["content"]
+        assert "sleep" in results["agent__sleeper"]["content"]
+        assert results["agent__noter"]["isError"] is False
+        kids = await query(
+            isolated_db,
+            "SELECT created_by_key_id FROM sessions WHERE parent_session_id = %s",
+            (uuid.UUID(sid),),
+        )
+        key_ids = await query(
+            isolated_db, "SELECT id FROM api_keys WHERE key_hash = %s", (hash_key(limited_key),)
+        )
+        assert [k["created_by_key_id"] for k in kids] == [key_ids[0]["id"]]

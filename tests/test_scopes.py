@@ -6,11 +6,13 @@ FERRYMAN_SCRIPTED_MODEL."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,6 +27,7 @@ from app.scopes import (
     tool_allowed,
 )
 from tests.support import ServerProcess, assert_problem, client, create_owner_key
+from tests.test_cli import cli_env, ferryman
 
 # --- the matching, pure ------------------------------------------------------------------------
 
@@ -278,3 +281,43 @@ async def test_protocol_runs_are_checked(limited: httpx.AsyncClient) -> None:
     assert_problem(await limited.post("/ag-ui/agent", json=body), 403, "MODEL_NOT_ALLOWED")
     # Nothing was made of the refused first run.
     assert (await limited.get(f"/api/agent/{thread}")).status_code == 404
+
+
+# --- ferryman keys create ----------------------------------------------------------------------
+
+
+async def test_keys_create_takes_the_scopes(keys_server: ServerProcess, database_url: str) -> None:
+    env = cli_env(database_url)
+    owner = f"owner-{uuid.uuid4().hex[:12]}"
+    made, bad = await asyncio.gather(
+        ferryman(
+            "keys",
+            "create",
+            "--owner",
+            owner,
+            "--tools",
+            "put_note, mcp:time",
+            "--models",
+            "openai:",
+            "--approver-for",
+            "alice,bob",
+            env=env,
+        ),
+        ferryman("keys", "create", "--owner", owner, "--models", "gpt-4o", env=env),
+    )
+    assert made.returncode == 0, made.stderr
+    assert bad.returncode != 0 and "models" in bad.stderr and "Traceback" not in bad.stderr
+    key = made.stdout.strip()
+    with psycopg.connect(database_url) as conn:
+        [(policy,)] = conn.execute(
+            "SELECT policy FROM api_keys WHERE owner_id = %s", (owner,)
+        ).fetchall()
+    assert policy == {
+        "tools": ["put_note", "mcp:time"],
+        "models": ["openai:"],
+        "approverFor": ["alice", "bob"],
+    }
+    async with client(keys_server.url, key) as http:
+        refused = await http.post("/api/agent", json=session(tools=["sleep"]))
+        assert_problem(refused, 403, "TOOL_NOT_ALLOWED")
+        assert (await http.post("/api/agent", json=session())).status_code == 201

@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     # Extra tools as comma-separated `module:attribute` (a Tool or a list of Tools).
     tool_modules: str = ""
     model: str = Field(default="scripted", pattern=MODEL_NAME_PATTERN)
+    # In keys mode the scripted model (a tenant scripts any tool call with any arguments) is
+    # refused (403 MODEL_NOT_ALLOWED) unless this is true (docs/tenants.md).
+    scripted_model: bool = False
+    # True: the key that created a session may not approve or deny its calls (403
+    # APPROVAL_SEPARATE); another key of the owner, or an approver key, must (docs/approvals.md).
+    approval_separate: bool = False
     openai_base_url: str | None = None  # None: the openai SDK's default (or OPENAI_BASE_URL)
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None

@@ -44,6 +44,9 @@ class ProblemCode(StrEnum):
     FORK_NOT_USER_MESSAGE = "FORK_NOT_USER_MESSAGE"
     FORK_TOO_LONG = "FORK_TOO_LONG"
     DELEGATE_CYCLE = "DELEGATE_CYCLE"
+    TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
+    MODEL_NOT_ALLOWED = "MODEL_NOT_ALLOWED"
+    APPROVAL_SEPARATE = "APPROVAL_SEPARATE"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
@@ -189,6 +192,37 @@ class DelegateCycle(FerrymanError):
         detail = "delegates would make a cycle of assistants: " + " -> ".join(cycle)
         errors = [{"field": "delegates", "message": detail, "type": "cycle"}]
         super().__init__(detail, cycle=cycle, errors=errors)
+
+
+class ToolNotAllowed(FerrymanError):
+    """The caller's key may not use these tools (its policy's `tools`, docs/tenants.md)."""
+
+    status, code, title = 403, ProblemCode.TOOL_NOT_ALLOWED, "Forbidden"
+
+    def __init__(self, detail: str, tools: list[str]) -> None:
+        super().__init__(detail, tools=tools)
+
+
+class ModelNotAllowed(FerrymanError):
+    """The caller's key may not use this model (its policy's `models`, or the scripted model
+    in keys mode without FERRYMAN_SCRIPTED_MODEL)."""
+
+    status, code, title = 403, ProblemCode.MODEL_NOT_ALLOWED, "Forbidden"
+
+    def __init__(self, detail: str, model: str) -> None:
+        super().__init__(detail, model=model)
+
+
+class ApprovalSeparate(FerrymanError):
+    """FERRYMAN_APPROVAL_SEPARATE: the key that created a session may not decide its calls."""
+
+    status, code, title = 403, ProblemCode.APPROVAL_SEPARATE, "Forbidden"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the key that created this session may not decide its approvals"
+            " (FERRYMAN_APPROVAL_SEPARATE): another key, an approver, must"
+        )
 
 
 class ForkSeqOutOfRange(FerrymanError):

@@ -18,6 +18,7 @@ from fastapi_offline import FastAPIOffline
 
 from app import __version__, tracing, web
 from app.api import (
+    approvals,
     assistants,
     forks,
     openapi,
@@ -137,6 +138,7 @@ def create_app(
     app.include_router(streams.router)  # before sessions: /owner-events is not a session id
     app.include_router(sessions.router)
     app.include_router(forks.router)
+    app.include_router(approvals.router)
     app.include_router(tools.router)
     app.include_router(assistants.router)
     app.include_router(schedules.router)

@@ -96,6 +96,12 @@ SETTINGS: dict[str, str] = {
     "tool_modules": "Extra tools, comma-separated `module:attribute` (a `Tool` or a list).",
     "model": "The model of a session that names none: `scripted`, `openai:<model>` or"
     " `anthropic:<model>`.",
+    "scripted_model": "In keys mode, whether keys may use the scripted model (a tenant"
+    " scripts any tool call with any arguments); false: 403 `MODEL_NOT_ALLOWED`"
+    " (docs/tenants.md).",
+    "approval_separate": "True: the key that created a session may not approve or deny its"
+    " calls (403 `APPROVAL_SEPARATE`); another key of the owner, or an approver key, must"
+    " (docs/approvals.md).",
     "openai_base_url": "The server of `openai:<model>` models (any OpenAI-compatible one);"
     " unset: `https://api.openai.com/v1`.",
     "openai_api_key": "Sent to it as a bearer token; never logged.",
@@ -376,6 +382,22 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
     ProblemCode.FORK_TOO_LONG: (
         422,
         "A fork's `atSeq` over `MAX_FORK_EVENTS`: the history it would copy is too long.",
+    ),
+    ProblemCode.TOOL_NOT_ALLOWED: (
+        403,
+        "A session, assistant, fork, schedule or run asks for tools the caller's key may not"
+        " use (its policy's `tools`; `tools` lists them, empty when the definition left"
+        " `tools` unset, which is every tool).",
+    ),
+    ProblemCode.MODEL_NOT_ALLOWED: (
+        403,
+        "A definition asks for a model the caller's key may not use (its policy's `models`;"
+        " the scripted model in keys mode without FERRYMAN_SCRIPTED_MODEL); `model` names it.",
+    ),
+    ProblemCode.APPROVAL_SEPARATE: (
+        403,
+        "FERRYMAN_APPROVAL_SEPARATE: the key that created the session may not decide its"
+        " approvals.",
     ),
     ProblemCode.DELEGATE_CYCLE: (
         422,

@@ -571,6 +571,7 @@ async def chaos(
     }
     server_env = {
         "FERRYMAN_AUTH": "keys",
+        "FERRYMAN_SCRIPTED_MODEL": "true",  # the soak's sessions are scripted (docs/tenants.md)
         "FERRYMAN_POOL_TIMEOUT": "2",
         "FERRYMAN_POLL_INTERVAL": "1",
         "FERRYMAN_PING_INTERVAL": str(PING_INTERVAL),

@@ -115,7 +115,8 @@ async def main_async(args: argparse.Namespace) -> int:
     url = psycopg.conninfo.make_conninfo(**info)
     migrate.upgrade(url)
     _, key = create_owner_key(url)
-    server = ServerProcess(url, env={"FERRYMAN_AUTH": "keys"})
+    # Keys mode runs the scripted model only when told to (docs/tenants.md).
+    server = ServerProcess(url, env={"FERRYMAN_AUTH": "keys", "FERRYMAN_SCRIPTED_MODEL": "true"})
     env = {"FERRYMAN_LEASE_TTL": str(args.lease_ttl)}
     fleet = Fleet(url, env, args.workers, args.concurrency)
     times: list[float] = []

@@ -39,6 +39,9 @@ for name, value in {
     "FERRYMAN_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
     "FERRYMAN_ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
     "FERRYMAN_MODEL_MAX_RETRIES": "0",
+    # The tests script their models, in keys mode too (off there by default: docs/tenants.md;
+    # tests/test_scopes.py runs servers without it).
+    "FERRYMAN_SCRIPTED_MODEL": "true",
 }.items():
     os.environ[name] = value
 

@@ -23,6 +23,7 @@ import psycopg
 from httpx_sse import ServerSentEvent, aconnect_sse
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from app.db import migrate
 from app.db.embedded import start_embedded
@@ -203,15 +204,18 @@ def running(server: ServerProcess) -> Iterator[ServerProcess]:
         server.stop()
 
 
-def create_owner_key(database_url: str, owner: str | None = None) -> tuple[str, str]:
-    """A fresh owner and an API key for it, written straight to the database."""
+def create_owner_key(
+    database_url: str, owner: str | None = None, policy: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """A fresh owner (or `owner`) and an API key for it with `policy` (None: `{}`), written
+    straight to the database."""
     owner = owner or f"owner-{uuid.uuid4().hex[:12]}"
     key = new_key()
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO api_keys (id, owner_id, name, prefix, key_hash)"
-            " VALUES (%s, %s, 'test', %s, %s)",
-            (uuid.uuid4(), owner, key[:10], hash_key(key)),
+            "INSERT INTO api_keys (id, owner_id, name, prefix, key_hash, policy)"
+            " VALUES (%s, %s, 'test', %s, %s, %s)",
+            (uuid.uuid4(), owner, key[:10], hash_key(key), Jsonb(policy or {})),
         )
     return owner, key
 

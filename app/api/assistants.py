@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 
 from app.api import schemas
 from app.api.definitions import assistant_changes, assistant_definition, parse_assistant_id
-from app.api.deps import DatabaseDep, Owner, ServicesDep
+from app.api.deps import CallerDep, DatabaseDep, Owner, ServicesDep
 from app.api.openapi import problems
 from app.api.sessions import ANY_ERRORS, BODY_ERRORS, decode_page_token, encode_page_token
 from app.domain import MAX_ASSISTANT_NAME_CHARS, MAX_METADATA_BYTES, assistant_view
@@ -39,9 +39,10 @@ PageToken = Annotated[str | None, Query(alias="pageToken", max_length=512)]
     responses=problems(*ANY_ERRORS, *BODY_ERRORS, 409),  # ASSISTANT_LIMIT_REACHED
 )
 async def create_assistant(
-    body: schemas.CreateAssistant, owner: Owner, services: ServicesDep, response: Response
+    body: schemas.CreateAssistant, caller: CallerDep, services: ServicesDep, response: Response
 ) -> dict[str, Any]:
-    definition = await assistant_definition(services, body, owner)
+    owner = caller.owner
+    definition = await assistant_definition(services, body, caller, owner)
     async with services.db.transaction() as conn:
         row = await assistant_store.create(conn, owner, definition)
     response.headers["Location"] = f"/api/assistants/{row['id']}"
@@ -108,14 +109,17 @@ async def get_assistant(assistant_id: AssistantId, owner: Owner, db: DatabaseDep
     responses=problems(*ASSISTANT_ERRORS, *BODY_ERRORS, 409),  # ASSISTANT_LIMIT_REACHED
 )
 async def update_assistant(
-    assistant_id: AssistantId, body: schemas.UpdateAssistant, owner: Owner, services: ServicesDep
+    assistant_id: AssistantId,
+    body: schemas.UpdateAssistant,
+    caller: CallerDep,
+    services: ServicesDep,
 ) -> dict[str, Any]:
     """Write the next version: the latest with the fields given changed. Sessions created from
     an earlier version keep it."""
-    aid = parse_assistant_id(assistant_id)
+    aid, owner = parse_assistant_id(assistant_id), caller.owner
     async with services.db.connection() as conn:
         latest = await assistant_store.get(conn, owner, aid)
-    changes = await assistant_changes(services, latest, body)
+    changes = await assistant_changes(services, latest, body, caller)
     async with services.db.transaction() as conn:
         row = await assistant_store.update(conn, owner, aid, changes)
     return assistant_view(row)

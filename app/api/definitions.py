@@ -12,9 +12,11 @@ from fastapi.exceptions import RequestValidationError
 
 from app.agent.delegation import find_cycle
 from app.api import schemas
+from app.api.deps import Caller
 from app.api.tool_names import check_tool_names
 from app.domain import default_title
 from app.errors import AssistantNotFound, DelegateCycle
+from app.scopes import check_definition, parse_scopes
 from app.services import Services
 from app.store import assistants as assistant_store
 from app.store import delegation as delegation_store
@@ -46,12 +48,24 @@ def parse_assistant_id(raw: str) -> UUID:
         raise AssistantNotFound() from None
 
 
+def check_caller_definition(
+    services: Services, caller: Caller, tools: list[str] | None, model: str
+) -> None:
+    """Refuse (403 TOOL_NOT_ALLOWED, MODEL_NOT_ALLOWED) a definition the caller's key may not
+    use (docs/tenants.md, "What a key may use")."""
+    settings = services.settings
+    scripted_allowed = settings.auth_mode != "keys" or settings.scripted_model
+    check_definition(parse_scopes(caller.policy), tools, model, scripted_allowed)
+
+
 async def resolve_session(
-    services: Services, owner: str, body: schemas.CreateSession
+    services: Services, caller: Caller, body: schemas.CreateSession
 ) -> NewSession:
     """The session to store for `body`: with `assistantId`, that assistant version's
     definition (AssistantNotFound for none of the owner's), overridden by the fields the body
-    gives (`modelSettings` key by key); the tool names checked (422 naming the unknown ones)."""
+    gives (`modelSettings` key by key); the tool names checked (422 naming the unknown ones),
+    then what the caller's key may use (403)."""
+    owner = caller.owner
     base: dict[str, Any] = {}
     pinned: dict[str, Any] | None = None
     if body.assistantId is not None:
@@ -70,6 +84,8 @@ async def resolve_session(
     if pinned is not None:
         check_tool_choice(model_settings, tools)
     await check_tool_names(services, tools, approval_required, model_settings)
+    model = body.model or base.get("model") or services.settings.model
+    check_caller_definition(services, caller, tools, model)
     client_tools = _client_tools(services, body, tools)
     delegate_ids = body.delegates if body.delegates is not None else base.get("delegates")
     node = None if pinned is None else str(pinned["id"])
@@ -77,7 +93,7 @@ async def resolve_session(
     return NewSession(
         prompt=body.prompt,
         title=body.title or default_title(body.prompt or ""),
-        model=body.model or base.get("model") or services.settings.model,
+        model=model,
         script=_script(body.script) if body.script is not None else base.get("script"),
         tools=tools,
         metadata=body.metadata or {},
@@ -94,6 +110,7 @@ async def resolve_session(
         if body.compaction is not None
         else base.get("compaction"),
         delegates=delegates,
+        created_by_key_id=caller.key_id,
     )
 
 
@@ -152,12 +169,13 @@ def assistant_request_fingerprint(body: schemas.CreateSession) -> str | None:
 
 
 async def assistant_definition(
-    services: Services, body: schemas.CreateAssistant, owner: str | None = None
+    services: Services, body: schemas.CreateAssistant, caller: Caller, owner: str | None = None
 ) -> AssistantDefinition:
     """The definition a create body gives, its tool names (and, for `owner`, its delegates)
-    checked."""
+    checked, and what the caller's key may use (its model unset: FERRYMAN_MODEL's)."""
     settings = body.settings_dict() or {}
     await check_tool_names(services, body.tools, body.approvalRequired, settings)
+    check_caller_definition(services, caller, body.tools, body.model or services.settings.model)
     delegates = None
     if owner is not None:
         resolved = await check_delegates(services, owner, body.delegates, None)
@@ -182,10 +200,10 @@ def _script(script: list[schemas.ScriptTurn] | None) -> list[dict[str, Any]] | N
 
 
 async def assistant_changes(
-    services: Services, latest: dict[str, Any], body: schemas.UpdateAssistant
+    services: Services, latest: dict[str, Any], body: schemas.UpdateAssistant, caller: Caller
 ) -> dict[str, Any]:
     """The AssistantDefinition fields `body` changes, checked as the version they make with
-    `latest` (an assistant row) would be."""
+    `latest` (an assistant row) would be, for what the caller's key may use too."""
     changes: dict[str, Any] = {
         _ASSISTANT_FIELDS[name]: getattr(body, name) for name in body.model_fields_set
     }
@@ -203,6 +221,8 @@ async def assistant_changes(
         changes["delegates"] = [d["assistantId"] for d in resolved or ()] or None
     merged = {**assistant_store.definition_of(latest), **changes}
     check_tool_choice(merged["model_settings"], merged["tools"])
+    model = merged["model"] or services.settings.model
+    check_caller_definition(services, caller, merged["tools"], model)
     await check_tool_names(
         services,
         changes.get("tools"),

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from app import cron
 from app.api import schemas
 from app.api.definitions import resolve_session
-from app.api.deps import DatabaseDep, Owner, ServicesDep
+from app.api.deps import Caller, CallerDep, DatabaseDep, Owner, ServicesDep
 from app.api.openapi import problems
 from app.api.sessions import (
     ANY_ERRORS,
@@ -68,7 +68,7 @@ def _session_request(body: schemas.CreateSchedule) -> dict[str, Any]:
 
 async def _state(
     services: Services,
-    owner: str,
+    caller: Caller,
     body: schemas.CreateSchedule,
     now: datetime,
     definition: dict[str, Any] | None = None,
@@ -79,7 +79,7 @@ async def _state(
     bound session, end time and cron fields stay."""
     parsed = parse_cron(body.cron, body.timezone, now)
     if definition is None:
-        definition = definition_of(await resolve_session(services, owner, body))
+        definition = definition_of(await resolve_session(services, caller, body))
     session_id: UUID | None = None
     if stored is not None:
         session_id = stored["session_id"]
@@ -117,15 +117,16 @@ def past_end(tick: datetime | None, end_time: datetime | None) -> datetime | Non
     responses=problems(*ANY_ERRORS, *BODY_ERRORS, 404, 409),
 )
 async def create_schedule(
-    body: schemas.CreateSchedule, owner: Owner, services: ServicesDep, response: Response
+    body: schemas.CreateSchedule, caller: CallerDep, services: ServicesDep, response: Response
 ) -> dict[str, Any]:
     """Its first tick is the first after now. The session fields are checked as a create's
     (an `assistantId` is resolved now: each firing runs that version)."""
+    owner = caller.owner
     async with services.db.connection() as conn:
         now = await schedule_store.now(conn)
         if body.sessionId is not None:  # the caller's session, or 404
             await session_store.get_session(conn, owner, parse_session_id(body.sessionId))
-    state = await _state(services, owner, body, now)
+    state = await _state(services, caller, body, now)
     async with services.db.transaction() as conn:
         row = await schedule_store.create(conn, owner, state)
     response.headers["Location"] = f"/api/schedules/{row['id']}"
@@ -176,14 +177,14 @@ async def get_schedule(schedule_id: ScheduleId, owner: Owner, db: DatabaseDep) -
     responses=problems(*SCHEDULE_ERRORS, *BODY_ERRORS),
 )
 async def update_schedule(
-    schedule_id: ScheduleId, body: schemas.UpdateSchedule, owner: Owner, services: ServicesDep
+    schedule_id: ScheduleId, body: schemas.UpdateSchedule, caller: CallerDep, services: ServicesDep
 ) -> dict[str, Any]:
     """Change the fields given; the result is checked as a create would check it. A changed
     session field resolves the definition again (an `assistantId` without a version: that
     assistant's latest). A new `cron` or `timezone`, or `enabled: true` on a paused schedule,
     starts from the first tick after now; `enabled: false` pauses it (ticks while paused never
     fire) and drops a queued firing."""
-    sid = parse_schedule_id(schedule_id)
+    sid, owner = parse_schedule_id(schedule_id), caller.owner
     async with services.db.connection() as conn:
         row = await schedule_store.get(conn, owner, sid)
         now = await schedule_store.now(conn)
@@ -191,7 +192,7 @@ async def update_schedule(
     session_changes = {k: v for k, v in given.items() if k not in schemas.SCHEDULE_FIELDS}
     merged = _merged(row, given, session_changes)
     stored = None if session_changes else row["definition"]
-    state = await _state(services, owner, merged, now, stored, row)
+    state = await _state(services, caller, merged, now, stored, row)
     restart = any(k in given for k in ("cron", "timezone")) or (
         state.enabled and not row["enabled"]
     )

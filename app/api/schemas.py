@@ -862,3 +862,18 @@ class Schedule(BaseModel):
 class ScheduleList(BaseModel):
     schedules: list[Schedule]
     nextPageToken: str | None
+
+
+class PendingApproval(BaseModel):
+    sessionId: Uuid
+    ownerId: str
+    title: str
+    toolCallId: str
+    name: str = Field(description="The tool the call would run.")
+    arguments: dict[str, Any]
+    seq: int = Field(description="The seq of its `tool_approval_requested` event.")
+    requestedAt: DateTime
+
+
+class PendingApprovalList(BaseModel):
+    approvals: list[PendingApproval] = Field(description="Oldest request first.")

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from app.api import schemas
 from app.api.definitions import assistant_request_fingerprint, resolve_session
-from app.api.deps import DatabaseDep, Owner, ServicesDep
+from app.api.deps import Caller, CallerDep, DatabaseDep, Owner, ServicesDep
 from app.api.openapi import problems
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -28,7 +28,10 @@ from app.domain import (
     session_view,
     within_bytes,
 )
-from app.errors import InvalidPageToken, SessionNotFound
+from app.errors import ApprovalSeparate, InvalidPageToken, SessionNotFound
+from app.scopes import parse_scopes
+from app.services import Services
+from app.store import approvals as approval_store
 from app.store import events as event_store
 from app.store import sessions as session_store
 from app.store.notify import session_key
@@ -62,6 +65,17 @@ def parse_session_id(raw: str) -> UUID:
     return parse_id(raw, SessionNotFound)
 
 
+def check_separate(services: Services, caller: Caller, session: dict[str, Any]) -> None:
+    """FERRYMAN_APPROVAL_SEPARATE: 403 APPROVAL_SEPARATE when the caller's key created
+    `session` (a session no key created, or a caller without a key: no refusal)."""
+    if (
+        services.settings.approval_separate
+        and caller.key_id is not None
+        and session["created_by_key_id"] == caller.key_id
+    ):
+        raise ApprovalSeparate()
+
+
 def encode_page_token(key: session_store.PageKey) -> str:
     raw = json.dumps({"t": key.created_at.isoformat(), "i": str(key.id)})
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
@@ -88,7 +102,7 @@ def decode_page_token(token: str) -> session_store.PageKey:
 )
 async def create_session(
     body: schemas.CreateSession,
-    owner: Owner,
+    caller: CallerDep,
     services: ServicesDep,
     response: Response,
     idempotency_key: Annotated[
@@ -101,6 +115,7 @@ async def create_session(
         ),
     ] = None,
 ) -> dict[str, Any]:
+    owner = caller.owner
     row, created = None, False
     fingerprint = assistant_request_fingerprint(body)
     if idempotency_key is not None and fingerprint is not None:
@@ -108,7 +123,7 @@ async def create_session(
         async with services.db.connection() as conn:
             row = await session_store.replay_idempotent(conn, owner, idempotency_key, fingerprint)
     if row is None:
-        new = await resolve_session(services, owner, body)
+        new = await resolve_session(services, caller, body)
         async with services.db.transaction() as conn:
             row, created = await session_store.create_session(conn, owner, new, idempotency_key)
     if not created:
@@ -304,16 +319,21 @@ async def decide_tool_approval(
     session_id: SessionId,
     tool_call_id: Annotated[str, Path(min_length=1, max_length=256)],
     body: schemas.Approve,
-    owner: Owner,
-    db: DatabaseDep,
+    caller: CallerDep,
+    services: ServicesDep,
 ) -> dict[str, Any]:
     """Approve or deny a tool call that waits for approval (`tool_approval_requested`). The
     session is re-queued: an approved call runs, a denied one is answered with an error
-    result giving the reason, and the model goes on."""
+    result giving the reason, and the model goes on. An approver key decides for the owners
+    its policy's `approverFor` names (docs/approvals.md); with FERRYMAN_APPROVAL_SEPARATE, the
+    key that created the session may not (403 APPROVAL_SEPARATE)."""
     sid = parse_session_id(session_id)
-    async with db.transaction() as conn:
+    approver_for = parse_scopes(caller.policy).approver_for
+    async with services.db.transaction() as conn:
+        session = await approval_store.decidable_session(conn, caller.owner, approver_for, sid)
+        check_separate(services, caller, session)
         event, row = await session_store.decide_approval(
-            conn, owner, sid, tool_call_id, body.approved, body.reason
+            conn, session["owner_id"], sid, tool_call_id, body.approved, body.reason
         )
     return {
         "id": str(sid),

@@ -423,19 +423,53 @@ def _with_db(work: Callable[[Any], Any]) -> Any:
         return _on_database(settings, lambda: _transaction(url, work, settings.direct_database_url))
 
 
+def _names(value: str | None) -> list[str] | None:
+    """A comma-separated list option (None: not given; "": an empty list)."""
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
 @keys_cli.command("create")
 @click.option("--owner", required=True, metavar="OWNER", help="The owner the key acts as.")
 @click.option("--name", default="", metavar="TEXT", help="A label for the key.")
-def keys_create(owner: str, name: str) -> None:
+@click.option(
+    "--tools",
+    metavar="NAMES",
+    help="Only these tools, comma-separated (`mcp:<server>`: all of that MCP server's;"
+    ' "": none). Unset: every tool.',
+)
+@click.option(
+    "--models",
+    metavar="NAMES",
+    help="Only these models, comma-separated (`openai:gpt-4o`, or a provider prefix such as"
+    " `openai:`). Unset: every model.",
+)
+@click.option(
+    "--approver-for",
+    metavar="OWNERS",
+    help="Owners whose pending approvals the key may list and decide, comma-separated.",
+)
+def keys_create(
+    owner: str,
+    name: str,
+    tools: str | None,
+    models: str | None,
+    approver_for: str | None,
+) -> None:
     """Create an API key and print it once."""
     from app.domain import check_owner_id
+    from app.scopes import check_scopes
     from app.store import keys as key_store
 
     try:
         check_owner_id(owner)
     except ValueError as exc:
         fail(f"--owner: {exc}")
-    row, key = _with_db(lambda conn: key_store.create_key(conn, owner, name))
+    given = {"tools": _names(tools), "models": _names(models), "approverFor": _names(approver_for)}
+    try:
+        policy = check_scopes({k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        fail(f"the key's scopes: {exc}")
+    row, key = _with_db(lambda conn: key_store.create_key(conn, owner, name, policy))
     click.echo(key)
     click.echo(
         f"key {row['id']} for owner {owner!r}; store it now, it is not shown again", err=True

@@ -66,8 +66,10 @@ from app.domain import OwnerEventType, SessionErrorCode, SessionEventType, Statu
 from app.errors import FenceRefused
 from app.runtime.deltas import DeltaHub
 from app.runtime.writes import RunWrites
+from app.scopes import child_scope_problem
 from app.store import delegation as delegation_store
 from app.store import events as event_store
+from app.store import keys as key_store
 from app.store import sessions as session_store
 from app.store import settling
 from app.store.events import Fence, fence_errors
@@ -689,6 +691,10 @@ class Run:
                     )
                 if new is None:
                     problem = "the assistant this tool delegates to no longer exists"
+                elif new.created_by_key_id is not None:
+                    async with self.ctx.db.connection() as conn:
+                        policy = await key_store.policy_of(conn, new.created_by_key_id)
+                    problem = child_scope_problem(policy, new.tools, new.model)
             if problem is not None or new is None:
                 result = ToolResult(call.id, call.name, str(problem), is_error=True)
                 self.defer_message(SessionEventType.TOOL_RESULT, result, result.wire())

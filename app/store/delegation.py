@@ -98,4 +98,5 @@ async def child_session(
         parent_session_id=parent["id"],
         parent_tool_call_id=call_id,
         depth=int(parent["depth"]) + 1,
+        created_by_key_id=parent["created_by_key_id"],
     )

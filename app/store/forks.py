@@ -46,13 +46,14 @@ _FORK = statement(
         INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                               instructions, model_settings, approval_required, assistant_id,
                               assistant_version, client_tools, compaction, delegates,
-                              last_seq, delivered_seq, forked_from_session_id, forked_from_seq)
+                              last_seq, delivered_seq, forked_from_session_id, forked_from_seq,
+                              created_by_key_id)
         SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
                coalesce(%(prompt)s, p.prompt), p.script, p.tools,
                p.metadata - '{{{",".join(STATELESS_TO_DELETE)}}}'::text[], p.instructions,
                p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
                p.client_tools, p.compaction, p.delegates, %(copy)s,
-               least(p.delivered_seq, %(copy)s), p.id, %(at)s
+               least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s
         FROM sessions p WHERE p.id = %(parent)s
         RETURNING {SESSION_COLUMNS}
     ), copied AS (
@@ -87,6 +88,8 @@ class Fork:
     at_seq: int
     message: str | None = None
     title: str | None = None
+    # The key that asks for the fork (docs/tenants.md); None: no key.
+    created_by_key_id: UUID | None = None
 
 
 async def fork_session(
@@ -119,6 +122,7 @@ async def fork_session(
             "prompt": fork.message if edited and fork.at_seq == 1 else None,
             "copy": fork.at_seq - 1 if edited else fork.at_seq,
             "at": fork.at_seq,
+            "key": fork.created_by_key_id,
         },
     )
     row = await cur.fetchone()

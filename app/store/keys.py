@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID, uuid4
 
+from psycopg.types.json import Jsonb
+
 from app.db.pool import Connection
 from app.domain import check_owner_id
+from app.scopes import check_scopes
 
 KEY_PREFIX = "fm_"
 
@@ -22,16 +26,22 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-async def create_key(conn: Connection, owner_id: str, name: str) -> tuple[dict[str, Any], str]:
-    """Store a new key for `owner_id`; return its row and the plaintext (shown once)."""
+async def create_key(
+    conn: Connection, owner_id: str, name: str, policy: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """Store a new key for `owner_id` with `policy` (None: `{}`, the defaults); return its row
+    and the plaintext (shown once). The policy's scope fields (`tools`, `models`, `approverFor`,
+    app/scopes.py) are checked: ValueError saying what is wrong."""
     check_owner_id(owner_id)
+    stored = {**(policy or {}), **check_scopes(policy or {})}
     key = new_key()
     cur = await conn.execute(
         """
-        INSERT INTO api_keys (id, owner_id, name, prefix, key_hash) VALUES (%s, %s, %s, %s, %s)
+        INSERT INTO api_keys (id, owner_id, name, prefix, key_hash, policy)
+        VALUES (%s, %s, %s, %s, %s, %s)
         RETURNING id, owner_id, name, prefix, policy, created_at, last_used_at, revoked_at
         """,
-        (uuid4(), owner_id, name, key[:10], hash_key(key)),
+        (uuid4(), owner_id, name, key[:10], hash_key(key), Jsonb(stored)),
     )
     row = await cur.fetchone()
     assert row is not None
@@ -45,6 +55,13 @@ async def find_key(conn: Connection, key: str) -> dict[str, Any] | None:
         (hash_key(key),),
     )
     return await cur.fetchone()
+
+
+async def policy_of(conn: Connection, key_id: UUID) -> dict[str, Any]:
+    """A key's policy, revoked or not (`{}` for an id that names no key)."""
+    cur = await conn.execute("SELECT policy FROM api_keys WHERE id = %s", (key_id,))
+    row = await cur.fetchone()
+    return {} if row is None else dict(row["policy"])
 
 
 async def any_active(conn: Connection) -> bool:

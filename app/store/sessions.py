@@ -43,7 +43,8 @@ SESSION_COLUMNS = """
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    created_by_key_id
 """
 
 # What a list reads of a session: every column, but only the start of the two big texts (up to
@@ -72,9 +73,9 @@ _CREATE_SESSION = statement(
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, schedule_id,
                           schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                          depth)
+                          depth, created_by_key_id)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-            %s)
+            %s, %s)
     ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
     DO NOTHING
     RETURNING {SESSION_COLUMNS}
@@ -88,8 +89,10 @@ _CREATE_IDLE_SESSION = statement(
     "create_idle_session",
     f"""
     WITH s AS (
-        INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
-        VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}')
+        INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
+                              created_by_key_id)
+        VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}',
+                %(key)s)
         ON CONFLICT (id) DO NOTHING
         RETURNING {SESSION_COLUMNS}
     ), {
@@ -204,6 +207,9 @@ class NewSession:
     parent_session_id: UUID | None = None
     parent_tool_call_id: str | None = None
     depth: int = 0
+    # The key that asked for it (a child: its parent's); None: no key (docs/tenants.md). Not
+    # part of the fingerprint: another key of the owner retrying the create asked the same.
+    created_by_key_id: UUID | None = None
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -211,7 +217,11 @@ class NewSession:
             return request_fingerprint(self.request)
         # Fields left at their defaults are left out, so a request hashes as it did before
         # those fields existed (a create retried across an upgrade is still a replay).
-        fields = {k: v for k, v in self.__dict__.items() if k in _FIRST_FIELDS or v}
+        fields = {
+            k: v
+            for k, v in self.__dict__.items()
+            if (k in _FIRST_FIELDS or v) and k != "created_by_key_id"
+        }
         if self.delegates:  # the ids asked for, not their tool names (a rename in between)
             fields["delegates"] = [d["assistantId"] for d in self.delegates]
         return _hash(fields)
@@ -301,6 +311,7 @@ async def create_session(
             new.parent_session_id,
             new.parent_tool_call_id,
             new.depth,
+            new.created_by_key_id,
         ),
     )
     row = await cur.fetchone()
@@ -348,6 +359,7 @@ async def create_idle_session(
     title: str,
     model: str,
     metadata: dict[str, Any],
+    created_by_key_id: UUID | None = None,
 ) -> dict[str, Any] | None:
     """An idle session with no event (its definition comes with its first run) and its
     `session_created`, in one statement; None when a session with this id exists."""
@@ -360,6 +372,7 @@ async def create_idle_session(
         "prompt": "",
         "metadata": metadata,
         "model_settings": {},
+        "created_by_key_id": created_by_key_id,
     }
     cur = await conn.execute(
         _CREATE_IDLE_SESSION,
@@ -369,6 +382,7 @@ async def create_idle_session(
             "title": title,
             "model": model,
             "metadata": Jsonb(metadata),
+            "key": created_by_key_id,
             "view": Jsonb(session_view(_new_row(written))),
         },
     )

@@ -52,7 +52,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE parent_session_id = %s AND parent_tool_call_id = %s;
 
@@ -87,7 +88,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.created_by_key_id, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -172,8 +173,10 @@ WHERE sessions.id = %(session_id)s;
 
 -- name: create_idle_session
 WITH s AS (
-    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
-    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}')
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
+                          created_by_key_id)
+    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}',
+            %(key)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -181,7 +184,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -210,9 +214,9 @@ INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools,
                       instructions, model_settings, approval_required, assistant_id,
                       assistant_version, client_tools, compaction, schedule_id,
                       schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                      depth)
+                      depth, created_by_key_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-        %s)
+        %s, %s)
 ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
 DO NOTHING
 RETURNING
@@ -221,7 +225,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: create_webhook
 INSERT INTO webhooks (id, owner_id, url, events, secret)
@@ -259,13 +264,14 @@ WITH forked AS (
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata,
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, delegates,
-                          last_seq, delivered_seq, forked_from_session_id, forked_from_seq)
+                          last_seq, delivered_seq, forked_from_session_id, forked_from_seq,
+                          created_by_key_id)
     SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
            coalesce(%(prompt)s, p.prompt), p.script, p.tools,
            p.metadata - '{stateless,on_completion}'::text[], p.instructions,
            p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
            p.client_tools, p.compaction, p.delegates, %(copy)s,
-           least(p.delivered_seq, %(copy)s), p.id, %(at)s
+           least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s
     FROM sessions p WHERE p.id = %(parent)s
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -273,7 +279,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -328,7 +335,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -339,7 +347,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   created_by_key_id
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -374,7 +383,7 @@ FROM schedules
    LIMIT %(limit)s;
 
 -- name: list_sessions
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
@@ -445,7 +454,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -484,6 +494,22 @@ SELECT p.id, p.status, (
     WHERE e.session_id = %(child)s AND e.type = 'assistant_message'
     ORDER BY e.seq DESC LIMIT 1) AS answer
 FROM sessions p WHERE p.id = %(parent)s AND p.deleted_at IS NULL;
+
+-- name: pending_approvals
+SELECT s.id AS session_id, s.title, e.seq, e.data, e.created_at
+FROM sessions s
+JOIN session_events e ON e.session_id = s.id
+     AND e.type = 'tool_approval_requested'
+WHERE s.owner_id = %s AND s.deleted_at IS NULL AND s.status NOT IN ('cancelled', 'failed', 'succeeded')
+  AND NOT EXISTS (
+      SELECT 1 FROM session_events d
+      WHERE d.session_id = e.session_id AND d.seq > e.seq
+        AND d.type IN ('tool_approval_decided',
+                       'tool_result')
+        AND d.data->>'toolCallId' = e.data->>'toolCallId'
+  )
+ORDER BY e.created_at, s.id, e.seq
+LIMIT %s;
 
 -- name: prune_one_off_webhooks
 DELETE FROM webhooks w
@@ -559,7 +585,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -569,7 +596,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -579,7 +607,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id;
 
 -- name: rotate_run_webhook_secret
 INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
@@ -746,7 +775,7 @@ ORDER BY a.created_at DESC, a.id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_created_at_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -755,7 +784,7 @@ ORDER BY created_at ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_created_at_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -764,7 +793,7 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_id_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -773,7 +802,7 @@ ORDER BY id ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_id_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -782,7 +811,7 @@ ORDER BY id DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_status_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -791,7 +820,7 @@ ORDER BY status ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_status_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -800,7 +829,7 @@ ORDER BY status DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_updated_at_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -809,7 +838,7 @@ ORDER BY updated_at ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_updated_at_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -824,7 +853,8 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    created_by_key_id
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -862,7 +892,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -891,7 +922,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -922,7 +954,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ),
 owner_cursor AS (
@@ -960,7 +993,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -1024,6 +1058,7 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    created_by_key_id
  FROM sessions WHERE id = ANY(%s);
 

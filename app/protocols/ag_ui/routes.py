@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import Owner, ServicesDep
+from app.api.deps import Caller, CallerDep, ServicesDep
 from app.api.streams import _direct_writes, _sse
 from app.protocols.ag_ui import service
 from app.protocols.ag_ui.schemas import RunAgentInput
@@ -19,23 +19,26 @@ router = PrefixRouter(prefix=service.PREFIX, tags=["ag-ui"])
 
 
 async def _run(
-    services: Services, owner: str, assistant_id: str, body: RunAgentInput
+    services: Services, caller: Caller, assistant_id: str, body: RunAgentInput
 ) -> StreamingResponse:
-    row, run, snapshot = await service.start(services, owner, assistant_id, body)
+    owner = caller.owner
+    row, run, snapshot = await service.start(services, caller, assistant_id, body)
     stream = AgUiStream(row, run, body.threadId, body.runId, snapshot)
     direct = _direct_writes(services)
     return _sse(services, owner, run_events(services, row, stream, direct), direct)
 
 
 @router.post("/agent")
-async def run_agent(body: RunAgentInput, owner: Owner, services: ServicesDep) -> StreamingResponse:
+async def run_agent(
+    body: RunAgentInput, caller: CallerDep, services: ServicesDep
+) -> StreamingResponse:
     """A run of the definition in `forwardedProps.ferryman` (the defaults without one)."""
-    return await _run(services, owner, GRAPH_ID, body)
+    return await _run(services, caller, GRAPH_ID, body)
 
 
 @router.post("/assistants/{assistant_id}")
 async def run_assistant(
-    assistant_id: str, body: RunAgentInput, owner: Owner, services: ServicesDep
+    assistant_id: str, body: RunAgentInput, caller: CallerDep, services: ServicesDep
 ) -> StreamingResponse:
     """A run of a stored assistant (its latest version pinned on the thread's first run)."""
-    return await _run(services, owner, assistant_id, body)
+    return await _run(services, caller, assistant_id, body)

@@ -10,6 +10,7 @@ import json
 from typing import Any
 from uuid import UUID
 
+from app.api.deps import Caller
 from app.domain import MAX_MESSAGE_CHARS, Status
 from app.errors import ClientToolNotPending, InputNotSupported, NoPendingInterrupt
 from app.protocols.ag_ui.fold import METADATA_KEY, AgUiFold
@@ -32,7 +33,9 @@ DEFINITION_KEY = "ferryman"
 DECLINED = "(the user declined to answer)"
 
 
-async def thread_of(services: Services, owner: str, assistant_id: str, body: RunAgentInput) -> UUID:
+async def thread_of(
+    services: Services, caller: Caller, assistant_id: str, body: RunAgentInput
+) -> UUID:
     """The caller's session `body.threadId`, made idle on first use once the definition the
     run gives checks out (so a refused first run leaves no session behind, and the same id
     works when the client tries again). SessionNotFound for an id that is not a UUID; another
@@ -41,10 +44,10 @@ async def thread_of(services: Services, owner: str, assistant_id: str, body: Run
     async with services.db.connection() as conn:
         if await session_store.session_row(conn, sid) is not None:
             return sid
-    await agent_service.definition_of(services, owner, _run_create(assistant_id, body))
+    await agent_service.definition_of(services, caller, _run_create(assistant_id, body))
     async with services.db.connection() as conn:
         # None: a concurrent first run made it; whose it is, start_run reads.
-        await agent_service.create_idle_thread(conn, owner, services, sid, {"protocol": "ag-ui"})
+        await agent_service.create_idle_thread(conn, caller, services, sid, {"protocol": "ag-ui"})
     return sid
 
 
@@ -172,12 +175,13 @@ def lacks_history(state: AgUiFold, body: RunAgentInput) -> bool:
 
 
 async def start(
-    services: Services, owner: str, assistant_id: str, body: RunAgentInput
+    services: Services, caller: Caller, assistant_id: str, body: RunAgentInput
 ) -> tuple[dict[str, Any], fold.Run, bool]:
     """Start the run `body` asks for on its thread: its new user messages and its resume
     entries written as the run's first events (a thread with a run in progress: THREAD_BUSY);
     and whether its stream sends the thread's history (`lacks_history`)."""
-    sid = await thread_of(services, owner, assistant_id, body)
+    owner = caller.owner
+    sid = await thread_of(services, caller, assistant_id, body)
     row, state = await thread_fold(services, owner, sid)
     new = new_user_messages(state, body.messages)
     tools, posts = tool_results(state, body.messages)
@@ -202,5 +206,5 @@ async def start(
             }
         },
     )
-    row, opened = await agent_service.start_run(services, owner, sid, run, posts)
+    row, opened = await agent_service.start_run(services, caller, sid, run, posts)
     return row, opened, lacks_history(state, body)

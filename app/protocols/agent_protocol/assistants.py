@@ -37,7 +37,7 @@ from starlette.types import Scope
 
 from app.api import schemas
 from app.api.definitions import assistant_changes, assistant_definition
-from app.api.deps import ProtocolOwner, ServicesDep
+from app.api.deps import ProtocolCaller, ProtocolOwner, ServicesDep
 from app.api.problems import problem
 from app.domain import MAX_ASSISTANT_VERSIONS, MAX_ASSISTANTS_PER_OWNER, assistant_view, rfc3339
 from app.errors import AssistantNotFound, NotFound, NotServed, ProblemCode
@@ -286,7 +286,7 @@ async def current_assistant(services: ServicesDep, owner: str, raw_id: str) -> d
 
 @router.post("", operation_id="agentProtocolCreateAssistant")
 async def create_assistant(
-    body: CreateAssistant, services: ServicesDep, owner: ProtocolOwner
+    body: CreateAssistant, services: ServicesDep, owner: ProtocolOwner, caller: ProtocolCaller
 ) -> dict[str, Any]:
     """A new assistant (version 1). With the `assistant_id` of an existing one: 409, or with
     `if_exists: do_nothing` the caller's existing one as it is."""
@@ -298,7 +298,7 @@ async def create_assistant(
         if v is not None
     }
     native = _validated(schemas.CreateAssistant, fields, origin)
-    stored = await _relocated(assistant_definition(services, native), origin)
+    stored = await _relocated(assistant_definition(services, native, caller), origin)
     async with services.db.transaction() as conn:
         if body.assistant_id is not None and body.if_exists == "do_nothing":
             with contextlib.suppress(AssistantNotFound):
@@ -389,7 +389,11 @@ async def get_assistant(
 
 @router.patch("/{assistant_id}", operation_id="agentProtocolUpdateAssistant")
 async def update_assistant(
-    assistant_id: str, body: UpdateAssistant, services: ServicesDep, owner: ProtocolOwner
+    assistant_id: str,
+    body: UpdateAssistant,
+    services: ServicesDep,
+    owner: ProtocolOwner,
+    caller: ProtocolCaller,
 ) -> dict[str, Any]:
     """A new version: the definition keys given replace the current ones (`null` clears one),
     the others stay; `metadata` merges into the current metadata. Nothing to change: the
@@ -407,7 +411,7 @@ async def update_assistant(
     if not changes:
         return protocol_view(assistant_view(latest))
     update = _validated(schemas.UpdateAssistant, changes, origin)
-    native = await _relocated(assistant_changes(services, latest, update), origin)
+    native = await _relocated(assistant_changes(services, latest, update, caller), origin)
     async with services.db.transaction() as conn:
         row = await assistant_store.update(conn, owner, stored, native)
     return protocol_view(assistant_view(row))

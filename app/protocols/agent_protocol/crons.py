@@ -17,7 +17,7 @@ from uuid import UUID
 from fastapi import APIRouter, Response, status
 from pydantic import Field
 
-from app.api.deps import ProtocolOwner, ServicesDep
+from app.api.deps import Caller, ProtocolCaller, ProtocolOwner, ServicesDep
 from app.api.schedules import parse_cron, parse_schedule_id, past_end, write_update
 from app.domain import MAX_SCHEDULES_PER_OWNER, Overlap, rfc3339
 from app.errors import InputNotSupported, NotServed
@@ -135,7 +135,7 @@ def _overlap(thread_id: UUID | None, strategy: str | None) -> Overlap:
 
 
 async def _state(
-    services: Services, owner: str, body: CronCreate, thread_id: UUID | None, now: datetime
+    services: Services, caller: Caller, body: CronCreate, thread_id: UUID | None, now: datetime
 ) -> ScheduleState:
     """What to store for the cron `body`: checked as a run create (422 for a bad input,
     definition or cron, 501 for what is not served), nothing written."""
@@ -143,7 +143,7 @@ async def _state(
     prompt = _prompt(body)
     timezone = body.timezone or "UTC"
     parsed = parse_cron(body.schedule, timezone, now)
-    new, named = await service.definition_of(services, owner, body)
+    new, named = await service.definition_of(services, caller, body)
     if thread_id is not None and named:
         raise NotServed(
             f"{', '.join(sorted(named))} in a thread's cron: its ticks run with the thread's"
@@ -213,30 +213,31 @@ def cron_view(row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _create(
-    services: Services, owner: str, body: CronCreate, thread_id: UUID | None
+    services: Services, caller: Caller, body: CronCreate, thread_id: UUID | None
 ) -> dict[str, Any]:
+    owner = caller.owner
     async with services.db.connection() as conn:
         now = await schedule_store.now(conn)
         if thread_id is not None:  # the caller's thread, or 404
             await session_store.get_session(conn, owner, thread_id)
-    state = await _state(services, owner, body, thread_id, now)
+    state = await _state(services, caller, body, thread_id, now)
     async with services.db.transaction() as conn:
         row = await schedule_store.create(conn, owner, state)
     return cron_view(row)
 
 
 @router.post("/runs/crons")
-async def create_cron(body: CronCreate, owner: ProtocolOwner, services: ServicesDep) -> Any:
+async def create_cron(body: CronCreate, caller: ProtocolCaller, services: ServicesDep) -> Any:
     """Each tick creates a thread and runs the payload on it."""
-    return await _create(services, owner, body, None)
+    return await _create(services, caller, body, None)
 
 
 @router.post("/threads/{thread_id}/runs/crons")
 async def create_thread_cron(
-    thread_id: str, body: CronCreate, owner: ProtocolOwner, services: ServicesDep
+    thread_id: str, body: CronCreate, caller: ProtocolCaller, services: ServicesDep
 ) -> Any:
     """Each tick runs the payload on the thread: its input is a follow-up message."""
-    return await _create(services, owner, body, service.parse_thread_id(thread_id))
+    return await _create(services, caller, body, service.parse_thread_id(thread_id))
 
 
 async def _owners_crons(services: Services, owner: str) -> list[dict[str, Any]]:
@@ -296,10 +297,11 @@ async def delete_cron(cron_id: str, owner: ProtocolOwner, services: ServicesDep)
 
 @router.patch("/runs/crons/{cron_id}")
 async def update_cron(
-    cron_id: str, body: CronUpdate, owner: ProtocolOwner, services: ServicesDep
+    cron_id: str, body: CronUpdate, caller: ProtocolCaller, services: ServicesDep
 ) -> dict[str, Any]:
     """The fields given change; the result is checked as a create. A new schedule or
     timezone, or `enabled: true` on a paused cron, starts from the first tick after now."""
+    owner = caller.owner
     sid = parse_schedule_id(cron_id)
     async with services.db.connection() as conn:
         row = await schedule_store.get(conn, owner, sid)
@@ -316,7 +318,7 @@ async def update_cron(
         **{k: v for k, v in given.items() if v is not None or k == "end_time"},
     }
     create = CronCreate.model_validate(merged)
-    state = await _state(services, owner, create, row["session_id"], now)
+    state = await _state(services, caller, create, row["session_id"], now)
     if row["agent_protocol"] is None:  # a native schedule keeps its title and definition
         state = replace(
             state, title=row["title"], definition=row["definition"], overlap=row["overlap"]

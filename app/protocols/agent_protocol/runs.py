@@ -14,7 +14,7 @@ from uuid import UUID, uuid4
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import ProtocolOwner, ServicesDep
+from app.api.deps import Caller, ProtocolCaller, ProtocolOwner, ServicesDep
 from app.api.streams import EventStreamResponse
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import NotServed, SessionNotFound
@@ -45,40 +45,44 @@ def _run_path(thread_id: str, run_id: str) -> str:
     return f"/threads/{thread_id}/runs/{run_id}"
 
 
-async def _thread_for_run(services: Services, owner: str, thread_id: str, body: RunCreate) -> UUID:
+async def _thread_for_run(
+    services: Services, caller: Caller, thread_id: str, body: RunCreate
+) -> UUID:
     """The run's thread; with `if_not_exists: create`, made when missing."""
     sid = service.parse_thread_id(thread_id)
     if body.if_not_exists != "create":
         return sid
     async with services.db.connection() as conn:
-        await service.create_idle_thread(conn, owner, services, sid, {})  # None: it exists
+        await service.create_idle_thread(conn, caller, services, sid, {})  # None: it exists
     return sid
 
 
 async def _start(
-    services: Services, owner: str, thread_id: str, body: RunCreate
+    services: Services, caller: Caller, thread_id: str, body: RunCreate
 ) -> tuple[dict[str, Any], fold.Run]:
+    owner = caller.owner
     service.check_served(body, stateless=False)
     service.check_webhook(services, body)
-    sid = await _thread_for_run(services, owner, thread_id, body)
+    sid = await _thread_for_run(services, caller, thread_id, body)
     await service.check_checkpoint(services, owner, sid, body)
-    row, run = await service.start_run(services, owner, sid, body)
+    row, run = await service.start_run(services, caller, sid, body)
     await service.subscribe_webhook(services, owner, sid, run, body)
     return row, run
 
 
 async def _start_stateless(
-    services: Services, owner: str, body: RunCreate
+    services: Services, caller: Caller, body: RunCreate
 ) -> tuple[dict[str, Any], fold.Run]:
     """A run on a thread of its own, whose metadata says whether it outlives the run."""
+    owner = caller.owner
     service.check_served(body, stateless=True)
     service.check_webhook(services, body)
     sid = uuid4()
     metadata = service.stateless_metadata(body.on_completion)
     async with services.db.connection() as conn:
-        await service.create_idle_thread(conn, owner, services, sid, metadata)
+        await service.create_idle_thread(conn, caller, services, sid, metadata)
     try:
-        row, run = await service.start_run(services, owner, sid, body)
+        row, run = await service.start_run(services, caller, sid, body)
     except Exception:
         await service.delete_thread(services, owner, sid)  # no run: the client never saw it
         raise
@@ -162,19 +166,24 @@ async def create_run(
     thread_id: str,
     body: RunCreate,
     owner: ProtocolOwner,
+    caller: ProtocolCaller,
     services: ServicesDep,
     response: Response,
 ) -> dict[str, Any]:
-    row, run = await _start(services, owner, thread_id, body)
+    row, run = await _start(services, caller, thread_id, body)
     _located(response, row, run)
     return service.run_view(row, run, body.assistant_id)
 
 
 @router.post("/threads/{thread_id}/runs/stream", response_class=StreamingResponse)
 async def create_run_stream(
-    thread_id: str, body: RunCreate, owner: ProtocolOwner, services: ServicesDep
+    thread_id: str,
+    body: RunCreate,
+    owner: ProtocolOwner,
+    caller: ProtocolCaller,
+    services: ServicesDep,
 ) -> StreamingResponse:
-    row, run = await _start(services, owner, thread_id, body)
+    row, run = await _start(services, caller, thread_id, body)
     cancel = body.on_disconnect == "cancel"
     return _stream(services, owner, row, run, body.modes(), None, cancel)
 
@@ -184,10 +193,11 @@ async def create_run_wait(
     thread_id: str,
     body: RunCreate,
     owner: ProtocolOwner,
+    caller: ProtocolCaller,
     services: ServicesDep,
     response: Response,
 ) -> Any:
-    row, run = await _start(services, owner, thread_id, body)
+    row, run = await _start(services, caller, thread_id, body)
     _located(response, row, run)
     return await _final_values(services, owner, row["id"], run)
 
@@ -277,10 +287,11 @@ async def join_run_stream(
 async def create_stateless_run(
     body: RunCreate,
     owner: ProtocolOwner,
+    caller: ProtocolCaller,
     services: ServicesDep,
     response: Response,
 ) -> dict[str, Any]:
-    row, run = await _start_stateless(services, owner, body)
+    row, run = await _start_stateless(services, caller, body)
     if _deletes(body):
         _delete_after(services, owner, row["id"])
     _located(response, row, run)
@@ -289,9 +300,9 @@ async def create_stateless_run(
 
 @router.post("/runs/stream", response_class=StreamingResponse)
 async def create_stateless_run_stream(
-    body: RunCreate, owner: ProtocolOwner, services: ServicesDep
+    body: RunCreate, owner: ProtocolOwner, caller: ProtocolCaller, services: ServicesDep
 ) -> StreamingResponse:
-    row, run = await _start_stateless(services, owner, body)
+    row, run = await _start_stateless(services, caller, body)
     cancel = body.on_disconnect == "cancel"
     # Once the stream is done (its reader could still be reading the thread before).
     released = (lambda: _delete_after(services, owner, row["id"])) if _deletes(body) else None
@@ -302,10 +313,11 @@ async def create_stateless_run_stream(
 async def create_stateless_run_wait(
     body: RunCreate,
     owner: ProtocolOwner,
+    caller: ProtocolCaller,
     services: ServicesDep,
     response: Response,
 ) -> Any:
-    row, run = await _start_stateless(services, owner, body)
+    row, run = await _start_stateless(services, caller, body)
     _located(response, row, run)
     if not _deletes(body):
         return await _final_values(services, owner, row["id"], run)

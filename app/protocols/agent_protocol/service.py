@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from app.api import schemas as native
 from app.api import sessions as native_sessions
 from app.api.definitions import resolve_session
+from app.api.deps import Caller
 from app.api.sessions import _wait_terminal
 from app.api.webhooks import new_secret
 from app.db.pool import Connection
@@ -222,12 +223,22 @@ def history(
 
 
 async def create_idle_thread(
-    conn: Connection, owner: str, services: Services, sid: UUID, metadata: dict[str, Any]
+    conn: Connection,
+    caller: Caller,
+    services: Services,
+    sid: UUID,
+    metadata: dict[str, Any],
 ) -> dict[str, Any] | None:
-    """A new idle session (no event until its first run) with the id `sid`; None when a
-    session with that id exists, whoever's it is."""
+    """A new idle session of the caller (no event until its first run) with the id `sid`; None
+    when a session with that id exists, whoever's it is."""
     return await session_store.create_idle_session(
-        conn, owner, sid, "New thread", services.settings.model, {**metadata, "graph_id": GRAPH_ID}
+        conn,
+        caller.owner,
+        sid,
+        "New thread",
+        services.settings.model,
+        {**metadata, "graph_id": GRAPH_ID},
+        caller.key_id,
     )
 
 
@@ -463,7 +474,7 @@ def _human_text(message: Any, index: int) -> str:
 
 
 async def definition_of(
-    services: Services, owner: str, body: RunCreate
+    services: Services, caller: Caller, body: RunCreate
 ) -> tuple[NewSession, frozenset[str]]:
     """The agent definition a run gives its thread: the assistant's (a stored one by its id,
     pinned as the native API pins it; none for the graph id), overridden by what the run's
@@ -481,7 +492,7 @@ async def definition_of(
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", "context", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors) from None
-    return await resolve_session(services, owner, create), named
+    return await resolve_session(services, caller, create), named
 
 
 # The columns of a session's agent definition, by the NewSession field each one stores.
@@ -516,7 +527,7 @@ def _redefinition(row: dict[str, Any], new: NewSession, named: frozenset[str]) -
 
 async def start_run(
     services: Services,
-    owner: str,
+    caller: Caller,
     thread_id: UUID,
     body: RunCreate,
     tool_results: Sequence[ToolResultPost] = (),
@@ -524,6 +535,7 @@ async def start_run(
     """Write what starts (or joins) a run: decisions and answers for `command.resume`, the
     results of client tools' calls (AG-UI's `tool` messages), then the input's messages; the
     run is the one that holds the first event written."""
+    owner = caller.owner
     if body.command is not None and (
         body.command.goto is not None or body.command.update is not None
     ):
@@ -541,7 +553,7 @@ async def start_run(
             " be dropped; use interrupt"
         )
     # Checked before any lock is taken: the assistant, and the definition a first run gives.
-    definition, in_context = await definition_of(services, owner, body)
+    definition, in_context = await definition_of(services, caller, body)
     if strategy == "interrupt":
         async with services.db.transaction() as conn:
             row = await session_store.get_session(conn, owner, thread_id, for_update=True)
@@ -589,7 +601,7 @@ async def start_run(
             row = await thread_store.redefine(conn, thread_id, redefined)
         first: int | None = 1 if fresh is not None else None
         if resume is not None:
-            first = await _answer(conn, owner, row, resume, opening)
+            first = await _answer(conn, services, caller, row, resume, opening)
         for result in tool_results:
             event, _, _ = await session_store.post_client_result(
                 conn, owner, thread_id, *result, extra=opening if first is None else None
@@ -623,12 +635,19 @@ def _opened(thread_id: UUID, first: int, body: RunCreate, strategy: str) -> fold
 
 
 async def _answer(
-    conn: Connection, owner: str, row: dict[str, Any], resume: Any, opening: dict[str, Any]
+    conn: Connection,
+    services: Services,
+    caller: Caller,
+    row: dict[str, Any],
+    resume: Any,
+    opening: dict[str, Any],
 ) -> int:
     """Answer the thread's pending interrupts with `resume` (one value for all, or a map by
     interrupt id): a question with a user message, an approval with its decision (the same
     store function the native approval endpoint calls). The seq of the first event written,
-    which keeps `opening` in its data."""
+    which keeps `opening` in its data. A decision is refused as the native endpoint refuses it
+    (FERRYMAN_APPROVAL_SEPARATE)."""
+    owner = caller.owner
     state = await load_fold(conn, row)
     pending = state.pending if row["status"] == Status.WAITING else {}
     if not pending:
@@ -644,6 +663,7 @@ async def _answer(
     for interrupt, value in sorted(answers, key=lambda a: a[0].kind != "approval"):
         if interrupt.kind == "approval":
             approved, reason = _decision(value)
+            native_sessions.check_separate(services, caller, row)
             assert interrupt.tool_call_id is not None
             event, _ = await session_store.decide_approval(
                 conn,

@@ -232,3 +232,73 @@ async def test_a_pause_refuses_every_caller_until_it_ends(db: Database) -> None:
         await asyncio.sleep(0.05)
     else:
         raise AssertionError("the pause never ended")
+
+
+# --- the other protocols show the wait as their custom event -----------------------------------
+
+
+def test_ag_ui_and_agent_protocol_show_a_wait_as_a_custom_event() -> None:
+    from app.protocols.ag_ui.fold import AgUiFold
+    from app.protocols.agent_protocol.fold import ThreadFold
+
+    sid = uuid.uuid4()
+    log = [
+        {"type": "user_message", "seq": 1, "data": {"text": "hi", "delivery": "queued"}},
+        {"type": "session_start", "seq": 2, "data": {"workerId": "w", "pid": 1, "attempt": 1}},
+        {"type": "model_wait", "seq": 3, "data": {"reason": "paused", "untilMs": 5}},
+    ]
+    ag_ui, agent_protocol = AgUiFold(sid), ThreadFold(sid)
+    for envelope in log[:-1]:
+        ag_ui.apply({**envelope, "ts": "2026-12-03T00:00:00Z"}, in_run=True)
+        agent_protocol.apply({**envelope, "ts": "2026-12-03T00:00:00Z"}, in_run=True)
+    wait = {**log[-1], "ts": "2026-12-03T00:00:00Z"}
+    assert (
+        "CUSTOM",
+        {"name": "model_wait", "value": {"seq": 3, "reason": "paused", "untilMs": 5}},
+    ) in ag_ui.apply(wait, in_run=True)
+    assert [kind for kind, _ in agent_protocol.apply(wait, in_run=True)] == ["custom"]
+
+
+# --- a worker's side: the wait, its metric, a cancel -------------------------------------------
+
+
+async def test_a_worker_waits_for_a_slot_counts_the_wait_and_can_be_cancelled(
+    db: Database,
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from app.runtime.budgets import ProviderBudgets
+
+    key = fresh_key()
+    budgets = ProviderBudgets(db, "w1", {key: Budget(max_concurrent=1)}, ttl=30, renew_interval=1)
+    told: list[tuple[str, float | None]] = []
+
+    async def on_wait(reason: str, until: float | None) -> None:
+        told.append((reason, until))
+
+    async def unguarded(step):  # type: ignore[no-untyped-def]
+        return await step
+
+    def waits() -> float:
+        value = REGISTRY.get_sample_value(
+            "ferryman_model_budget_waits_total", {"provider": "openai", "reason": "concurrency"}
+        )
+        return value or 0.0
+
+    before = waits()
+    first = await budgets.acquire(key, on_wait, unguarded)
+    second = asyncio.create_task(budgets.acquire(key, on_wait, unguarded))
+    third = asyncio.create_task(budgets.acquire(key, on_wait, unguarded))
+    for _ in range(200):
+        if len(told) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert told == [("concurrency", None), ("concurrency", None)]
+    assert waits() == before + 2
+    third.cancel()  # a cancel ends a wait: the others go on
+    await asyncio.gather(third, return_exceptions=True)
+    assert not second.done()
+    await budgets.release(first)
+    ticket = await asyncio.wait_for(second, 10)
+    assert ticket.slot == 0
+    await budgets.release(ticket)

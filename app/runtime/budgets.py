@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,14 @@ class _Gate:
     # The last refusal the trying run met, told to the runs that queue behind it.
     reason: WaitReason | None = None
     until: float | None = None
+    # Set (and replaced) each time the reason changes, for the runs queued behind.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def tell(self, reason: WaitReason | None, until: float | None) -> None:
+        if (reason, until) != (self.reason, self.until):
+            self.reason, self.until = reason, until
+            self.changed.set()
+            self.changed = asyncio.Event()
 
 
 class ProviderBudgets:
@@ -104,11 +113,7 @@ class ProviderBudgets:
         never `on_wait`, which writes."""
         budget = self.budgets[key]
         gate = self._gates[key]
-        told: WaitReason | None = None
-        if gate.lock.locked() and gate.reason is not None:  # others of ours wait already
-            told = gate.reason
-            await self._waiting(key, told, gate.until, on_wait)
-        await guard(gate.lock.acquire())
+        told = await self._enter(key, gate, on_wait, guard)
         try:
             while True:
                 holder = uuid4()
@@ -119,17 +124,43 @@ class ProviderBudgets:
                     self._held.discard(holder)  # a slot taken unbeknown expires in a TTL
                     raise
                 if verdict.admitted:
-                    gate.reason = gate.until = None
+                    gate.tell(None, None)
                     return Ticket(key, budget, holder, verdict.slot)
                 self._held.discard(holder)
                 reason, until, now = _why(verdict, budget)
-                gate.reason, gate.until = reason, until
+                gate.tell(reason, until)
                 if reason != told:
                     told = reason
                     await self._waiting(key, reason, until, on_wait)
                 await guard(self._sleep(gate, reason, until, now))
         finally:
             gate.lock.release()
+
+    async def _enter(
+        self, key: str, gate: _Gate, on_wait: OnWait, guard: Guard
+    ) -> WaitReason | None:
+        """Take the budget's turn in this worker; while another run of ours has it, say what
+        that run waits on (this one waits on the same), as it learns it. What was said."""
+        told: WaitReason | None = None
+        entering = asyncio.ensure_future(gate.lock.acquire())
+        try:
+            while not entering.done():
+                if gate.reason is not None and gate.reason != told:
+                    told = gate.reason
+                    await self._waiting(key, told, gate.until, on_wait)
+                    continue
+                changed = asyncio.ensure_future(gate.changed.wait())
+                try:
+                    await guard(asyncio.wait({entering, changed}, return_when=FIRST_COMPLETED))
+                finally:
+                    changed.cancel()
+        except BaseException:
+            if entering.done() and not entering.cancelled() and entering.exception() is None:
+                gate.lock.release()
+            else:
+                entering.cancel()
+            raise
+        return told
 
     async def release(
         self, ticket: Ticket, *, used_tokens: int = 0, pause: float | None = None

@@ -270,7 +270,9 @@ async def test_a_worker_waits_for_a_slot_counts_the_wait_and_can_be_cancelled(
     from app.runtime.budgets import ProviderBudgets
 
     key = fresh_key()
-    budgets = ProviderBudgets(db, "w1", {key: Budget(max_concurrent=1)}, ttl=30, renew_interval=1)
+    budgets = ProviderBudgets(
+        db, None, "w1", {key: Budget(max_concurrent=1)}, ttl=30, renew_interval=1
+    )
     told: list[tuple[str, float | None]] = []
 
     async def on_wait(reason: str, until: float | None) -> None:

@@ -5,11 +5,11 @@ answers None and a call costs no statement.
 
 While a run waits it holds no database connection and no connection to the provider: it
 sleeps between tries, until the bucket has refilled or the pause is over, or (for a slot)
-until a call of this worker ends or a short poll interval has passed. One run per budget and
-worker tries at a time (the others queue behind it in the worker), so a thousand waiting
-runs cost each worker one statement per try, not a thousand. The slots this worker holds are
-renewed every heartbeat interval for a lease TTL: a worker killed with its calls going on
-stops renewing, and its slots are free again a TTL later."""
+until a slot is freed (a NOTIFY that wakes every worker) or a poll interval has passed. One
+run per budget and worker tries at a time (the others queue behind it in the worker), so a
+thousand waiting runs cost each worker one statement per try, not a thousand. The slots this
+worker holds are renewed every heartbeat interval for a lease TTL: a worker killed with its
+calls going on stops renewing, and its slots are free again a TTL later."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ from uuid import UUID, uuid4
 from prometheus_client import Counter
 
 from app.budgets import Bucket, Budget, WaitReason, budget_key, refusal
+from app.bus import Bus
 from app.db.pool import Database
 from app.store import budgets as budget_store
+from app.store.notify import budget_slot_key
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,9 @@ BUDGET_WAITS = Counter(
     "Model calls that waited on a provider budget, by provider and reason",
     ["provider", "reason"],
 )
-# Seconds between a waiting run's tries for a slot when no call of this worker ended (one of
-# another worker may have), and the shortest sleep for a refill.
-SLOT_POLL = 0.1
+# Seconds between a waiting run's tries for a slot when no slot was said to be freed (its
+# notification lost, or a dead worker's slot expired), and the shortest sleep for a refill.
+SLOT_POLL = 0.5
 MIN_SLEEP = 0.01
 
 OnWait = Callable[[WaitReason, float | None], Awaitable[None]]
@@ -65,6 +67,9 @@ class _Gate:
     # Set (and replaced) each time the reason changes, for the runs queued behind.
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def wake(self, _: str | None = None) -> None:
+        self.freed.set()
+
     def tell(self, reason: WaitReason | None, until: float | None) -> None:
         if (reason, until) != (self.reason, self.until):
             self.reason, self.until = reason, until
@@ -76,6 +81,7 @@ class ProviderBudgets:
     def __init__(
         self,
         db: Database,
+        bus: Bus | None,
         worker_id: str,
         budgets: Mapping[str, Budget],
         *,
@@ -83,6 +89,8 @@ class ProviderBudgets:
         renew_interval: float,
     ) -> None:
         self.db = db
+        self.bus = bus
+        self._subscriptions = contextlib.ExitStack()
         self.worker_id = worker_id
         self.budgets = dict(budgets)
         self.ttl = ttl
@@ -98,8 +106,14 @@ class ProviderBudgets:
     def start(self) -> None:
         if self.budgets and self._renewer is None:
             self._renewer = asyncio.create_task(self._renew(), name="budget-renew")
+            for key, gate in self._gates.items():  # a slot freed in any worker wakes ours
+                if self.bus is not None:
+                    self._subscriptions.enter_context(
+                        self.bus.subscribe(budget_slot_key(key), gate.wake)
+                    )
 
     async def stop(self) -> None:
+        self._subscriptions.close()
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -55,7 +55,9 @@ def provider_config(settings: Settings) -> ProviderConfig:
     )
 
 
-def budgets_of(settings: Settings, db: Database, worker_id: str) -> ProviderBudgets | None:
+def budgets_of(
+    settings: Settings, db: Database, bus: Bus, worker_id: str
+) -> ProviderBudgets | None:
     """The provider budgets (docs/budgets.md); None when none is configured: no statement."""
     budgets = settings.budgets()
     if not budgets:
@@ -63,6 +65,7 @@ def budgets_of(settings: Settings, db: Database, worker_id: str) -> ProviderBudg
     # A slot held by a call lasts a lease TTL and is renewed with the heartbeat, as leases are.
     return ProviderBudgets(
         db,
+        bus,
         worker_id,
         budgets,
         ttl=settings.lease_ttl,
@@ -113,7 +116,7 @@ class Worker:
             read_page_bytes=settings.transcript_page_bytes,
             deltas=DeltaHub(self.delta_db, settings.delta_flush_interval),
             writes=RunWrites(self.db),
-            budgets=budgets_of(settings, db, self.id),
+            budgets=budgets_of(settings, db, bus, self.id),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.

@@ -17,6 +17,7 @@ from uuid import UUID
 
 from app.budgets import Budget
 from app.db.pool import Connection
+from app.store.notify import RUNS_CHANNEL, notifying
 
 _ENSURE = """
 WITH b AS (
@@ -71,10 +72,12 @@ SELECT EXISTS (SELECT FROM admitted) AS admitted, (SELECT n FROM slot) AS slot,
 FROM b
 """
 
-_RELEASE = """
+# The slot freed wakes the runs waiting for one, in every worker (`budget_slot_key`).
+_RELEASE = f"""
 WITH freed AS (
     UPDATE provider_slots SET expires_at = '-infinity', holder = NULL, worker_id = NULL
     WHERE key = %(key)s AND n = %(slot)s AND holder = %(holder)s
+      AND {notifying("'b:' || key", RUNS_CHANNEL)}
 )
 UPDATE provider_budgets
 SET tokens = CASE WHEN %(tpm)s::float8 IS NULL THEN tokens

@@ -182,8 +182,10 @@ class ProviderBudgets:
         """The call ended (`pause`: the provider asked for that many seconds' rest)."""
         self._held.discard(ticket.holder)
         self._gates[ticket.key].freed.set()
+        if ticket.budget.tpm is None:
+            used_tokens = 0  # counted nowhere
         if ticket.slot is None and not used_tokens and pause is None:
-            return
+            return  # nothing to write: a budget of requests per minute alone
         async with self.db.connection() as conn:
             await budget_store.release(
                 conn,

@@ -304,3 +304,42 @@ async def test_a_worker_waits_for_a_slot_counts_the_wait_and_can_be_cancelled(
     ticket = await asyncio.wait_for(second, 10)
     assert ticket.slot == 0
     await budgets.release(ticket)
+
+
+async def test_a_rate_wait_says_until_when_and_a_release_counts_only_what_is_budgeted(
+    db: Database,
+) -> None:
+    from app.runtime.budgets import ProviderBudgets
+
+    key = fresh_key()
+    budgets = ProviderBudgets(db, None, "w1", {key: Budget(rpm=2)}, ttl=30, renew_interval=1)
+    told: list[tuple[str, float | None]] = []
+
+    async def on_wait(reason: str, until: float | None) -> None:
+        told.append((reason, until))
+
+    async def unguarded(step):  # type: ignore[no-untyped-def]
+        return await step
+
+    for _ in range(2):  # a minute's worth: 2 at once
+        await budgets.release(await budgets.acquire(key, on_wait, unguarded), used_tokens=99)
+    third = asyncio.create_task(budgets.acquire(key, on_wait, unguarded))
+    for _ in range(200):
+        if told:
+            break
+        await asyncio.sleep(0.01)
+    third.cancel()
+    await asyncio.gather(third, return_exceptions=True)
+    ((reason, until),) = told
+    assert reason == "rpm" and until is not None
+    async with db.connection() as conn:
+        row = await (
+            await conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp())::float8 AS now, tokens"
+                " FROM provider_budgets WHERE key = %s",
+                (key,),
+            )
+        ).fetchone()
+    assert row is not None
+    assert 20 < until - row["now"] <= 30  # one request refills in 30 s at 2 a minute
+    assert row["tokens"] == math.inf  # no tokens budget: the usage is counted nowhere

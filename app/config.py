@@ -14,6 +14,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.budgets import PROVIDERS, Budget, parse_budgets
 from app.domain import MODEL_NAME_PATTERN
 
 
@@ -127,6 +128,18 @@ class Settings(BaseSettings):
     model_max_retries: int = Field(default=4, ge=0, le=100)
     model_retry_initial_delay: float = Field(default=1.0, ge=0)
     model_retry_max_delay: float = Field(default=60.0, ge=0)
+    # Provider budgets shared by every worker through PostgreSQL (docs/budgets.md): concurrent
+    # calls, requests and tokens per minute of each provider. Unset: no budget, no statement.
+    openai_max_concurrent: int | None = Field(default=None, ge=1)
+    openai_rpm: int | None = Field(default=None, ge=1)
+    openai_tpm: int | None = Field(default=None, ge=1)
+    anthropic_max_concurrent: int | None = Field(default=None, ge=1)
+    anthropic_rpm: int | None = Field(default=None, ge=1)
+    anthropic_tpm: int | None = Field(default=None, ge=1)
+    # Budgets as JSON keyed "provider" or "provider:model", each {"maxConcurrent", "rpm",
+    # "tpm"}: a model's own budget stands instead of its provider's; a "provider" entry's
+    # fields override the FERRYMAN_<PROVIDER>_* ones.
+    provider_budgets: str = ""
     # A TOML or JSON file listing MCP servers whose tools the agent may use.
     mcp_servers: Path | None = None
     mcp_connect_timeout: float = Field(default=30.0, ge=0)
@@ -228,6 +241,12 @@ class Settings(BaseSettings):
             )
         return ",".join(names)
 
+    @field_validator("provider_budgets")
+    @classmethod
+    def _budgets_json(cls, value: str) -> str:
+        parse_budgets(value)  # raises ValueError with what is wrong
+        return value
+
     @field_validator("jwt_jwks_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -257,6 +276,26 @@ class Settings(BaseSettings):
 
     def jwt_algorithm_names(self) -> list[str]:
         return self.jwt_algorithms.split(",")
+
+    def budgets(self) -> dict[str, Budget]:
+        """Every provider budget configured, by key ("openai", "openai:gpt-4o")."""
+        budgets: dict[str, Budget] = {}
+        for provider in PROVIDERS:
+            budget = Budget(
+                getattr(self, f"{provider}_max_concurrent"),
+                getattr(self, f"{provider}_rpm"),
+                getattr(self, f"{provider}_tpm"),
+            )
+            if budget.limited:
+                budgets[provider] = budget
+        for key, budget in parse_budgets(self.provider_budgets).items():
+            base = budgets.get(key, Budget())
+            budgets[key] = Budget(
+                budget.max_concurrent or base.max_concurrent,
+                budget.rpm or base.rpm,
+                budget.tpm or base.tpm,
+            )
+        return budgets
 
     def tool_module_specs(self) -> list[str]:
         return [m.strip() for m in self.tool_modules.split(",") if m.strip()]

@@ -136,6 +136,7 @@ class SessionEventType(StrEnum):
     TOOL_RESULT = "tool_result"
     USER_QUESTION = "user_question"
     MODEL_RETRY = "model_retry"
+    MODEL_WAIT = "model_wait"
     TOOL_APPROVAL_REQUESTED = "tool_approval_requested"
     TOOL_APPROVAL_DECIDED = "tool_approval_decided"
     # A call of a client tool: not run by the worker; the session waits for its result.

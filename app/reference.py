@@ -116,6 +116,20 @@ SETTINGS: dict[str, str] = {
     " `MODEL_UNAVAILABLE`.",
     "model_retry_initial_delay": "Seconds of the first retry's backoff.",
     "model_retry_max_delay": "Longest backoff, and the longest `Retry-After` honoured, in seconds.",
+    "openai_max_concurrent": "Calls of `openai:` models in flight at once, across every worker"
+    " ([budgets.md](budgets.md)); unset: no limit.",
+    "openai_rpm": "Requests per minute to `openai:` models, across every worker; unset: no limit.",
+    "openai_tpm": "Tokens (input and output, as reported) per minute of `openai:` models, across"
+    " every worker; unset: no limit.",
+    "anthropic_max_concurrent": "Calls of `anthropic:` models in flight at once, across every"
+    " worker; unset: no limit.",
+    "anthropic_rpm": "Requests per minute to `anthropic:` models, across every worker; unset: no"
+    " limit.",
+    "anthropic_tpm": "Tokens per minute of `anthropic:` models, across every worker; unset: no"
+    " limit.",
+    "provider_budgets": 'Budgets as JSON keyed `"provider"` or `"provider:model"`, each'
+    ' `{"maxConcurrent", "rpm", "tpm"}`; a model\'s own stands instead of its provider\'s, and'
+    " `{}` shares only the provider's 429 pauses ([budgets.md](budgets.md)).",
     "mcp_servers": "A `.toml` or `.json` file listing MCP servers ([mcp.md](mcp.md)).",
     "mcp_connect_timeout": "Seconds a starting worker waits for its MCP servers before it"
     " claims work.",

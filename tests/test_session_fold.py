@@ -57,7 +57,18 @@ class Log:
         self.frames.extend(delta(text) for text in texts)
 
 
-STEPS = ["start", "turn", "tool", "approval", "crash", "end", "message", "question", "retry"]
+STEPS = [
+    "start",
+    "turn",
+    "tool",
+    "approval",
+    "crash",
+    "end",
+    "message",
+    "question",
+    "retry",
+    "wait",
+]
 words = st.text(alphabet="abc ", max_size=4)
 
 
@@ -131,6 +142,12 @@ def _retry(draw: st.DrawFn, log: Log) -> None:
     log.add("model_retry", attempt=1, delayMs=10, reason="server_error")
 
 
+def _wait(draw: st.DrawFn, log: Log) -> None:
+    # Before a model call, on a provider budget (docs/budgets.md): no text of its own.
+    reason = draw(st.sampled_from(["concurrency", "rpm", "tpm", "paused"]))
+    log.add("model_wait", reason=reason, **({} if reason == "concurrency" else {"untilMs": 1}))
+
+
 _STEP_WRITERS = {
     "start": _start,
     "turn": _turn,
@@ -141,6 +158,7 @@ _STEP_WRITERS = {
     "message": _message,
     "question": _question,
     "retry": _retry,
+    "wait": _wait,
 }
 
 
@@ -256,6 +274,15 @@ def test_a_retried_turn_drops_its_partial_text() -> None:
     assert folding.messages[-1].text == "full answer"
     folding.apply(durable(3, "assistant_message", {"text": "full answer", "stopReason": "stop"}))
     assert [m.text for m in folding.messages] == ["hi", "full answer"]
+
+
+def test_a_budget_wait_changes_nothing_but_the_cursor() -> None:
+    folding = SessionFold()
+    folding.apply(durable(1, "user_message", {"text": "hi", "delivery": "queued"}))
+    before = (folding.messages, folding.status, folding.draft)
+    assert folding.apply(durable(2, "model_wait", {"reason": "paused", "untilMs": 1}))
+    assert (folding.messages, folding.status, folding.draft) == before
+    assert folding.last_seq == 2
 
 
 def test_an_interrupted_turn_is_not_duplicated() -> None:

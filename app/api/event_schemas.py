@@ -140,6 +140,19 @@ class ModelRetryData(Data):
     message: str
 
 
+class ModelWaitData(Data):
+    reason: Literal["concurrency", "rpm", "tpm", "paused"] = Field(
+        description="What the model call waits on: a free slot of the provider's concurrent"
+        " calls, its requests or tokens per minute, or a pause its 429 asked for"
+        " (docs/budgets.md)"
+    )
+    untilMs: int | None = Field(
+        default=None,
+        description="When the call tries again (Unix milliseconds); absent for a slot,"
+        " which frees when some call ends",
+    )
+
+
 class ToolApprovalRequestedData(Data):
     toolCallId: str
     name: str
@@ -262,6 +275,7 @@ _SESSION_DATA: dict[SessionEventType, type[Data]] = {
     SessionEventType.TOOL_RESULT: ToolResultData,
     SessionEventType.USER_QUESTION: UserQuestionData,
     SessionEventType.MODEL_RETRY: ModelRetryData,
+    SessionEventType.MODEL_WAIT: ModelWaitData,
     SessionEventType.TOOL_APPROVAL_REQUESTED: ToolApprovalRequestedData,
     SessionEventType.TOOL_APPROVAL_DECIDED: ToolApprovalDecidedData,
     SessionEventType.CLIENT_TOOL_CALL: ClientToolCallData,

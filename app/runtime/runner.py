@@ -64,6 +64,7 @@ from app.agent.tools import Tool, ToolContext, ToolError, ToolRegistry
 from app.db.pool import Database
 from app.domain import OwnerEventType, SessionErrorCode, SessionEventType, Status
 from app.errors import FenceRefused
+from app.runtime.budgets import ProviderBudgets, Ticket
 from app.runtime.deltas import DeltaHub
 from app.runtime.writes import RunWrites
 from app.scopes import child_scope_problem
@@ -118,6 +119,8 @@ class RunContext:
     tool_result_max_chars: int = 50_000
     # A session this many delegations deep is offered no delegates (FERRYMAN_MAX_AGENT_DEPTH).
     max_agent_depth: int = 3
+    # The provider budgets shared by every worker (docs/budgets.md); None: none configured.
+    budgets: ProviderBudgets | None = None
 
 
 @dataclass
@@ -557,7 +560,7 @@ class Run:
         )
         try:
             summarizer = self.ctx.providers.model(name, self.row["script"])
-            reply = await self.call_model(summarizer, request, streamed=False)
+            reply = await self.call_model(summarizer, request, streamed=False, name=name)
         except ModelFault as fault:
             log.warning(
                 "compaction failed (%s): going on uncompacted",
@@ -792,18 +795,33 @@ class Run:
             self.read_seq = max(self.read_seq, int(row["seq"]))
 
     async def call_model(
-        self, model: Model, request: ModelRequest, *, streamed: bool = True
+        self,
+        model: Model,
+        request: ModelRequest,
+        *,
+        streamed: bool = True,
+        name: str | None = None,
     ) -> AssistantMessage:
         """One turn, retrying the provider's transient faults with backoff; each retry is
         logged (`model_retry`) so clients drop the partial text they were shown. Not
-        `streamed` (a compaction's summary): its text goes to no client."""
+        `streamed` (a compaction's summary): its text goes to no client. A call of a provider
+        with a budget (`name`: the model it calls, by default the session's) waits for it
+        first (`model_wait`), and a 429 pauses the provider for every worker."""
+        budgets = self.ctx.budgets
+        key = budgets.key_for(name or self.row["model"]) if budgets is not None else None
         for retry in itertools.count(1):
+            ticket = None
+            if key is not None:
+                assert budgets is not None
+                ticket = await budgets.acquire(key, self.model_wait, self.interruptible)
             try:
-                return await self.stream_turn(model, request, streamed)
+                reply = await self.stream_turn(model, request, streamed)
             except ModelFault as fault:
                 if not fault.retryable or not self.ctx.retry.allows(retry):
+                    await self.give_back(ticket, fault)
                     raise
                 delay = self.ctx.retry.delay(retry, fault.retry_after)
+                await self.give_back(ticket, fault, delay)
                 MODEL_RETRIES.labels(fault.kind).inc()
                 log.warning(
                     "model call failed (%s); retry %d in %.1f s",
@@ -821,7 +839,41 @@ class Run:
                 await self.append(SessionEventType.MODEL_RETRY, retry_event)
                 tracing.retried(retry, delay, fault.kind, fault.message)
                 await self.interruptible(asyncio.sleep(delay))
+                continue
+            except BaseException:
+                await self.give_back(ticket)
+                raise
+            used = reply.usage.input_tokens + reply.usage.output_tokens if reply.usage else 0
+            await self.give_back(ticket, used_tokens=used)
+            return reply
         raise AssertionError("unreachable")
+
+    async def model_wait(self, reason: str, until: float | None) -> None:
+        """The run waits on a provider budget: said on the session's stream (fenced)."""
+        data: dict[str, Any] = {"reason": reason}
+        if until is not None:
+            data["untilMs"] = round(until * 1000)
+        await self.append(SessionEventType.MODEL_WAIT, data)
+
+    async def give_back(
+        self,
+        ticket: Ticket | None,
+        fault: ModelFault | None = None,
+        delay: float | None = None,
+        *,
+        used_tokens: int = 0,
+    ) -> None:
+        """A budgeted call ended: its slot back, its tokens counted; a 429 pauses the provider
+        for every worker, for its Retry-After or else the retry's delay."""
+        if ticket is None or self.ctx.budgets is None:
+            return
+        pause = None
+        if fault is not None and fault.kind == "rate_limited":
+            pause = fault.retry_after if fault.retry_after is not None else delay
+        try:
+            await self.ctx.budgets.release(ticket, used_tokens=used_tokens, pause=pause)
+        except Exception:  # the slot expires by itself a lease TTL on
+            log.warning("giving back a budget slot failed", exc_info=True)
 
     async def stream_turn(
         self, model: Model, request: ModelRequest, shown: bool = True

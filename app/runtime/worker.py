@@ -21,6 +21,7 @@ from app.bus import Bus
 from app.config import Settings
 from app.db.pool import UNAVAILABLE_ERRORS, Connection, Database
 from app.domain import SessionErrorCode, Status
+from app.runtime.budgets import ProviderBudgets
 from app.runtime.deltas import DeltaHub
 from app.runtime.heartbeat import Heartbeat
 from app.runtime.runner import AbortReason, Run, RunContext
@@ -51,6 +52,24 @@ def provider_config(settings: Settings) -> ProviderConfig:
         anthropic_max_tokens=settings.anthropic_max_tokens,
         idle_timeout=settings.model_idle_timeout,
         connect_timeout=settings.model_connect_timeout,
+    )
+
+
+def budgets_of(
+    settings: Settings, db: Database, bus: Bus, worker_id: str
+) -> ProviderBudgets | None:
+    """The provider budgets (docs/budgets.md); None when none is configured: no statement."""
+    budgets = settings.budgets()
+    if not budgets:
+        return None
+    # A slot held by a call lasts a lease TTL and is renewed with the heartbeat, as leases are.
+    return ProviderBudgets(
+        db,
+        bus,
+        worker_id,
+        budgets,
+        ttl=settings.lease_ttl,
+        renew_interval=settings.heartbeat_interval,
     )
 
 
@@ -97,6 +116,7 @@ class Worker:
             read_page_bytes=settings.transcript_page_bytes,
             deltas=DeltaHub(self.delta_db, settings.delta_flush_interval),
             writes=RunWrites(self.db),
+            budgets=budgets_of(settings, db, bus, self.id),
         )
         # MCP servers' connections live as long as the worker; their tools join the registry
         # each time a server (re)connects.
@@ -172,6 +192,8 @@ class Worker:
         await self._publish_tools()
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         await self.delta_db.open()
+        if self.context.budgets is not None:
+            self.context.budgets.start()
         membership = asyncio.Event()
         watcher = asyncio.create_task(
             watch_peers(self.db.direct_url, self.id, membership), name="death watch"
@@ -214,6 +236,8 @@ class Worker:
             await asyncio.gather(*(server.stop() for server in self.mcp_servers))
             heartbeat.stop()
             await asyncio.to_thread(heartbeat.join, 10)
+            if self.context.budgets is not None:
+                await self.context.budgets.stop()
             await self.context.providers.aclose()
             await self.context.deltas.close()
             await self.delta_db.close()

@@ -48,7 +48,7 @@ def session_key(session_id: UUID | str) -> str:
 
 def channel_of(key: str) -> str:
     """The channel a key's notifications go on: the streams' keys (`s:`, `o:`) on
-    STREAMS_CHANNEL, the workers' (`work`, `workers`, `c:`, `i:`) on RUNS_CHANNEL."""
+    STREAMS_CHANNEL, the workers' (`work`, `workers`, `c:`, `i:`, `b:`) on RUNS_CHANNEL."""
     return (
         STREAMS_CHANNEL if key.startswith((SESSION_KEY_PREFIX, OWNER_KEY_PREFIX)) else RUNS_CHANNEL
     )
@@ -59,6 +59,11 @@ def inbox_key(session_id: UUID | str) -> str:
     it reads its log for them only when told (its finish still checks, in case a
     notification is lost)."""
     return f"i:{session_id}"
+
+
+def budget_slot_key(budget: str) -> str:
+    """Wakes the workers' runs waiting for a slot of a provider budget: one was freed."""
+    return f"b:{budget}"
 
 
 def cancel_key(session_id: UUID | str) -> str:

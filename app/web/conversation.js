@@ -256,6 +256,18 @@ export class Conversation {
       `retry ${data.attempt}${why ? ` · ${why}` : ''}`);
   }
 
+  // A model call waiting on a provider budget (docs/budgets.md).
+  modelWait(seq, data) {
+    const what = {
+      concurrency: "a free slot of the provider's concurrent calls",
+      rpm: "the provider's requests per minute",
+      tpm: "the provider's tokens per minute",
+      paused: "the provider's Retry-After",
+    }[data.reason] || String(data.reason || 'the provider');
+    const until = Number.isInteger(data.untilMs) ? ` until ${new Date(data.untilMs).toLocaleTimeString()}` : '';
+    this.marker(seq, 'quiet', `Waiting for ${what}${until}`);
+  }
+
   interrupted(seq, data) {
     const reason = String(data.reason || '');
     const text = reason === 'shutdown' ? 'Worker shutting down: handing the session over' : `Interrupted: ${reason}`;
@@ -309,6 +321,7 @@ const HANDLERS = {
   tool_approval_decided: Conversation.prototype.approvalDecided,
   user_question: Conversation.prototype.userQuestion,
   model_retry: Conversation.prototype.modelRetry,
+  model_wait: Conversation.prototype.modelWait,
   session_interrupted: Conversation.prototype.interrupted,
   session_end: Conversation.prototype.sessionEnd,
   compaction_requested: Conversation.prototype.compactionRequested,

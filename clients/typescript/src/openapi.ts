@@ -1747,6 +1747,44 @@ export interface components {
             type: "model_retry";
             data: components["schemas"]["ModelRetryData"];
         };
+        /** ModelWaitData */
+        ModelWaitData: {
+            /**
+             * @description What the model call waits on: a free slot of the provider's concurrent calls, its requests or tokens per minute, or a pause its 429 asked for (docs/budgets.md)
+             * @enum {string}
+             */
+            reason: "concurrency" | "rpm" | "tpm" | "paused";
+            /**
+             * @description When the call tries again (Unix milliseconds); absent for a slot, which frees when some call ends
+             * @default null
+             */
+            untilMs: number | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /** ModelWaitEvent */
+        ModelWaitEvent: {
+            /** Format: uuid */
+            sessionId: string;
+            ownerId: string;
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            ts: string;
+            phase: components["schemas"]["EventPhase"];
+            /** @description The event's id, also its SSE `id:`. */
+            id: string;
+            /** @description The session's event number: 1, 2, 3, ... with no gap. */
+            seq: number;
+            attempt: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "model_wait";
+            data: components["schemas"]["ModelWaitData"];
+        };
         /** OwnerSessionActiveStageEvent */
         OwnerSessionActiveStageEvent: {
             /** Format: uuid */
@@ -2382,7 +2420,7 @@ export interface components {
             type: "user_question";
             data: components["schemas"]["UserQuestionData"];
         };
-        SessionEvent: components["schemas"]["UserMessageEvent"] | components["schemas"]["SessionStartEvent"] | components["schemas"]["SessionResumedEvent"] | components["schemas"]["AssistantMessageEvent"] | components["schemas"]["ToolCallStartEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["UserQuestionEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ToolApprovalRequestedEvent"] | components["schemas"]["ToolApprovalDecidedEvent"] | components["schemas"]["ClientToolCallEvent"] | components["schemas"]["ClientToolResultEvent"] | components["schemas"]["SessionInterruptedEvent"] | components["schemas"]["SessionEndEvent"] | components["schemas"]["SessionCompactedEvent"] | components["schemas"]["CompactionRequestedEvent"] | components["schemas"]["DelegateCallEvent"] | components["schemas"]["DelegateResultEvent"];
+        SessionEvent: components["schemas"]["UserMessageEvent"] | components["schemas"]["SessionStartEvent"] | components["schemas"]["SessionResumedEvent"] | components["schemas"]["AssistantMessageEvent"] | components["schemas"]["ToolCallStartEvent"] | components["schemas"]["ToolResultEvent"] | components["schemas"]["UserQuestionEvent"] | components["schemas"]["ModelRetryEvent"] | components["schemas"]["ModelWaitEvent"] | components["schemas"]["ToolApprovalRequestedEvent"] | components["schemas"]["ToolApprovalDecidedEvent"] | components["schemas"]["ClientToolCallEvent"] | components["schemas"]["ClientToolResultEvent"] | components["schemas"]["SessionInterruptedEvent"] | components["schemas"]["SessionEndEvent"] | components["schemas"]["SessionCompactedEvent"] | components["schemas"]["CompactionRequestedEvent"] | components["schemas"]["DelegateCallEvent"] | components["schemas"]["DelegateResultEvent"];
         OwnerEvent: components["schemas"]["OwnerSessionCreatedEvent"] | components["schemas"]["OwnerSessionStatusEvent"] | components["schemas"]["OwnerSessionTitleEvent"] | components["schemas"]["OwnerSessionActiveStageEvent"] | components["schemas"]["OwnerSessionCancelRequestedEvent"] | components["schemas"]["OwnerSessionResumedEvent"] | components["schemas"]["OwnerSessionDeletedEvent"];
     };
     responses: never;

@@ -33,7 +33,12 @@ from app.errors import (
     SessionNotCompactable,
     SessionNotFound,
 )
-from app.store.events import append_owner_event, append_session_event, owner_event_ctes
+from app.store.events import (
+    Cursor,
+    append_owner_event,
+    append_session_event,
+    owner_event_ctes,
+)
 from app.store.notify import WORK_KEY, cancel_key, inbox_key, notify, session_key
 from app.store.statements import statement
 
@@ -84,6 +89,63 @@ _CREATE_IDLE_SESSION = statement(
         VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}')
         ON CONFLICT (id) DO NOTHING
         RETURNING {SESSION_COLUMNS}
+    ), {
+        owner_event_ctes(
+            "s",
+            f"'{OwnerEventType.SESSION_CREATED}'",
+            "jsonb_build_object('session', %(view)s::jsonb || jsonb_build_object("
+            f"'createdAt', to_char(s.created_at AT TIME ZONE 'UTC', {_RFC3339}),"
+            f" 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', {_RFC3339})))",
+        )
+    }
+    SELECT * FROM s
+    """,
+)
+# A create of the API (no parent, no schedule) in one statement: its Idempotency-Key taken
+# (none given: NULL, and nothing taken), then, only if it was taken, the session, its opening
+# `user_message` (seq 1, written with the row: `last_seq` starts at 1) and its
+# `session_created`. No row back: the key was taken before (a replay, or a reuse: 409). The
+# event's session view is built by `session_view` from what the insert writes (`new_view`),
+# with the two timestamps the database chose set into it here. A new session's own stream is
+# not notified: no one can follow a session before its create has answered with its id.
+_SESSION_VALUES = {
+    "id": "uuid",
+    "owner_id": "text",
+    "title": "text",
+    "status": "text",
+    "model": "text",
+    "prompt": "text",
+    "script": "jsonb",
+    "tools": "jsonb",
+    "metadata": "jsonb",
+    "instructions": "text",
+    "model_settings": "jsonb",
+    "approval_required": "jsonb",
+    "assistant_id": "uuid",
+    "assistant_version": "integer",
+    "client_tools": "jsonb",
+    "compaction": "jsonb",
+    "delegates": "jsonb",
+    "last_seq": "bigint",
+}
+_CREATE_AT_ONCE = statement(
+    "create_session_at_once",
+    f"""
+    WITH k AS (
+        INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)
+        SELECT %(owner_id)s::text, %(key)s::text, %(fingerprint)s::text, %(id)s::uuid
+        WHERE %(key)s::text IS NOT NULL
+        ON CONFLICT DO NOTHING
+        RETURNING session_id
+    ), s AS (
+        INSERT INTO sessions ({", ".join(_SESSION_VALUES)})
+        SELECT {", ".join(f"%({name})s::{kind}" for name, kind in _SESSION_VALUES.items())}
+        WHERE %(key)s::text IS NULL OR EXISTS (SELECT FROM k)
+        RETURNING {SESSION_COLUMNS}
+    ), opening AS (
+        INSERT INTO session_events (session_id, seq, attempt, type, data)
+        SELECT s.id, 1, s.attempt, '{SessionEventType.USER_MESSAGE}', %(opening)s::jsonb
+        FROM s WHERE s.last_seq = 1
     ), {
         owner_event_ctes(
             "s",
@@ -315,6 +377,58 @@ async def create_session(
     if new.prompt is not None:
         await notify(conn, WORK_KEY)
     return row, True
+
+
+async def send_create(
+    conn: Connection, owner_id: str, new: NewSession, idempotency_key: str | None
+) -> Cursor:
+    """Send the create of `new` by the API (no parent, no schedule: `create_session` makes
+    those) as one statement, `_CREATE_AT_ONCE`, and return its cursor without waiting, so that
+    several creates go in one pipelined transaction (`app/creates.py`). Its row is the
+    session's; none: `idempotency_key` was taken before (`replay_idempotent` says by what).
+    A queued session's transaction must also notify `WORK_KEY` (`notify_work`)."""
+    assert new.parent_session_id is None and new.schedule_id is None
+    session_id = uuid4()
+    queued = new.prompt is not None
+    written: dict[str, Any] = {
+        "id": session_id,
+        "owner_id": owner_id,
+        "title": new.title,
+        "status": Status.QUEUED if queued else Status.IDLE,
+        "model": new.model,
+        "prompt": new.prompt or "",
+        "script": new.script,
+        "tools": new.tools,
+        "metadata": new.metadata,
+        "instructions": new.instructions,
+        "model_settings": new.model_settings,
+        "approval_required": new.approval_required,
+        "assistant_id": new.assistant_id,
+        "assistant_version": new.assistant_version,
+        "client_tools": new.client_tools,
+        "compaction": new.compaction,
+        "delegates": new.delegates,
+        "last_seq": 1 if queued else 0,
+    }
+    view = session_view(_new_row(written))
+    params = {
+        name: Jsonb(written[name])
+        if kind == "jsonb" and written[name] is not None
+        else written[name]
+        for name, kind in _SESSION_VALUES.items()
+    }
+    params.update(
+        key=idempotency_key,
+        fingerprint=new.fingerprint(),
+        opening=Jsonb({"text": new.prompt, "delivery": "queued"}) if queued else None,
+        view=Jsonb(view),
+    )
+    return await conn.execute(_CREATE_AT_ONCE, params)
+
+
+async def notify_work(conn: Connection) -> None:
+    """Tell the workers there is a queued session (once a transaction is enough)."""
+    await notify(conn, WORK_KEY)
 
 
 _CHILD_OF_CALL = statement(

@@ -219,6 +219,47 @@ approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistan
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
 
+-- name: create_session_at_once
+WITH k AS (
+    INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)
+    SELECT %(owner_id)s::text, %(key)s::text, %(fingerprint)s::text, %(id)s::uuid
+    WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING session_id
+), s AS (
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq)
+    SELECT %(id)s::uuid, %(owner_id)s::text, %(title)s::text, %(status)s::text, %(model)s::text, %(prompt)s::text, %(script)s::jsonb, %(tools)s::jsonb, %(metadata)s::jsonb, %(instructions)s::text, %(model_settings)s::jsonb, %(approval_required)s::jsonb, %(assistant_id)s::uuid, %(assistant_version)s::integer, %(client_tools)s::jsonb, %(compaction)s::jsonb, %(delegates)s::jsonb, %(last_seq)s::bigint
+    WHERE %(key)s::text IS NULL OR EXISTS (SELECT FROM k)
+    RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+
+), opening AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT s.id, 1, s.attempt, 'user_message', %(opening)s::jsonb
+    FROM s WHERE s.last_seq = 1
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM s GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_created', jsonb_build_object('session', %(view)s::jsonb || jsonb_build_object('createdAt', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))
+    FROM s s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM s;
+
 -- name: create_webhook
 INSERT INTO webhooks (id, owner_id, url, events, secret)
 VALUES (%(id)s, %(owner)s, %(url)s, %(events)s, %(secret)s)

@@ -1,6 +1,6 @@
 """The API's session creates, sent together (group commit): the creates requests ask for while a
-transaction of creates is in flight go out in the next, pipelined in one transaction, each one
-statement (`session_store.send_create`).
+statement of creates is in flight go out in the next, all in one statement, which is its own
+transaction (`session_store.create_sessions`).
 
 Every create of an owner moves that owner's cursor row (`session_created`) and its claim clock
 (`owner_queues`, a queued session's `claim_key`), and holds both row locks until its commit:
@@ -12,7 +12,6 @@ the workers' run writes do (`app/runtime/writes.py`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -20,25 +19,18 @@ import psycopg
 from app.coalesce import Coalescer
 from app.db.pool import Database
 from app.store import sessions as session_store
-from app.store.sessions import NewSession
+from app.store.sessions import ApiCreate, NewSession
 
 # A created session's row; None: its Idempotency-Key was taken before; or why the create failed.
 Outcome = dict[str, Any] | None | Exception
 
 
-@dataclass(eq=False)  # each create is its own key, however alike two requests are
-class Create:
-    owner_id: str
-    new: NewSession
-    idempotency_key: str | None
-
-
 class SessionCreates:
     """`create(...)` returns the new session's row once it has committed, None when its
     Idempotency-Key was taken before (by a create committed earlier, or by one before it in the
-    same transaction), or raises the database's error. At most `concurrency` transactions are in
-    flight, each with at most `max_creates` creates. When a transaction of several fails, each
-    of its creates is sent again alone: one request's trouble is not the others'.
+    same statement), or raises the database's error. At most `concurrency` statements are in
+    flight, each with at most `max_creates` creates. When a statement of several fails, each of
+    its creates is sent again alone: one request's trouble is not the others'.
 
     A request cancelled while its create waits or is in flight (its client went away) may
     still have its session created, as a request cancelled between the commit and its answer
@@ -46,25 +38,25 @@ class SessionCreates:
 
     def __init__(self, db: Database, *, max_creates: int = 64, concurrency: int = 2) -> None:
         self.db = db
-        self.coalescer: Coalescer[Create, Outcome] = Coalescer(
+        self.coalescer: Coalescer[ApiCreate, Outcome] = Coalescer(
             self._send_all, max_keys=max_creates, concurrency=concurrency
         )
 
     async def create(
         self, owner_id: str, new: NewSession, idempotency_key: str | None
     ) -> dict[str, Any] | None:
-        outcome = await self.coalescer.get(Create(owner_id, new, idempotency_key))
+        outcome = await self.coalescer.get(ApiCreate(owner_id, new, idempotency_key))
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    async def _send_all(self, creates: list[Create]) -> dict[Create, Outcome]:
+    async def _send_all(self, creates: list[ApiCreate]) -> dict[ApiCreate, Outcome]:
         if len(creates) > 1:
             try:
                 return await self._send(creates)
             except psycopg.Error:
                 pass  # each alone, so that the others commit
-        outcomes: dict[Create, Outcome] = {}
+        outcomes: dict[ApiCreate, Outcome] = {}
         for create in creates:
             try:
                 outcomes.update(await self._send([create]))
@@ -72,12 +64,10 @@ class SessionCreates:
                 outcomes[create] = failed
         return outcomes
 
-    async def _send(self, creates: list[Create]) -> dict[Create, Outcome]:
-        async with self.db.pipeline() as conn:
-            sent = [
-                await session_store.send_create(conn, c.owner_id, c.new, c.idempotency_key)
-                for c in creates
-            ]
-            if any(c.new.prompt is not None for c in creates):
-                await session_store.notify_work(conn)
-        return {create: await cur.fetchone() for create, cur in zip(creates, sent, strict=True)}
+    async def _send(self, creates: list[ApiCreate]) -> dict[ApiCreate, Outcome]:
+        # In owner order, so two statements in flight lock owners' rows in the same order and
+        # cannot deadlock; each owner's creates in the order they were asked for.
+        ordered = sorted(creates, key=lambda c: c.owner_id)
+        async with self.db.connection() as conn:
+            rows = await session_store.create_sessions(conn, ordered)
+        return dict(zip(ordered, rows, strict=True))

@@ -140,11 +140,15 @@ def client_process(
     port: int, creates: int, in_flight: int, prefix: str, ready: Any, go: Event, out: Any
 ) -> None:
     try:
-        import uvloop
+        try:
+            import uvloop
 
-        result = uvloop.run(_client(port, creates, in_flight, prefix, ready, go))
-    except ImportError:
-        result = asyncio.run(_client(port, creates, in_flight, prefix, ready, go))
+            result = uvloop.run(_client(port, creates, in_flight, prefix, ready, go))
+        except ImportError:
+            result = asyncio.run(_client(port, creates, in_flight, prefix, ready, go))
+    except Exception as exc:  # the server went away: say so, rather than leave the parent waiting
+        ready.put(False)
+        result = ([], [f"client: {type(exc).__name__}: {exc}"])
     out.put(result)
 
 

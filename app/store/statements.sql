@@ -219,17 +219,20 @@ approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistan
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
 
--- name: create_session_at_once
-WITH k AS (
+-- name: create_sessions
+WITH c AS (
+    SELECT * FROM unnest(%(id)s::text[], %(owner_id)s::text[], %(title)s::text[], %(status)s::text[], %(model)s::text[], %(prompt)s::text[], %(script)s::text[], %(tools)s::text[], %(metadata)s::text[], %(instructions)s::text[], %(model_settings)s::text[], %(approval_required)s::text[], %(assistant_id)s::text[], %(assistant_version)s::text[], %(client_tools)s::text[], %(compaction)s::text[], %(delegates)s::text[], %(last_seq)s::text[], %(key)s::text[], %(fingerprint)s::text[], %(opening)s::text[], %(view)s::text[])
+    WITH ORDINALITY AS c(id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, key, fingerprint, opening, view, n)
+), k AS (
     INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)
-    SELECT %(owner_id)s::text, %(key)s::text, %(fingerprint)s::text, %(id)s::uuid
-    WHERE %(key)s::text IS NOT NULL
+    SELECT c.owner_id, c.key, c.fingerprint, c.id::uuid FROM c
+    WHERE c.key IS NOT NULL ORDER BY c.n
     ON CONFLICT DO NOTHING
     RETURNING session_id
 ), s AS (
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq)
-    SELECT %(id)s::uuid, %(owner_id)s::text, %(title)s::text, %(status)s::text, %(model)s::text, %(prompt)s::text, %(script)s::jsonb, %(tools)s::jsonb, %(metadata)s::jsonb, %(instructions)s::text, %(model_settings)s::jsonb, %(approval_required)s::jsonb, %(assistant_id)s::uuid, %(assistant_version)s::integer, %(client_tools)s::jsonb, %(compaction)s::jsonb, %(delegates)s::jsonb, %(last_seq)s::bigint
-    WHERE %(key)s::text IS NULL OR EXISTS (SELECT FROM k)
+    SELECT c.id::uuid, c.owner_id::text, c.title::text, c.status::text, c.model::text, c.prompt::text, c.script::jsonb, c.tools::jsonb, c.metadata::jsonb, c.instructions::text, c.model_settings::jsonb, c.approval_required::jsonb, c.assistant_id::uuid, c.assistant_version::integer, c.client_tools::jsonb, c.compaction::jsonb, c.delegates::jsonb, c.last_seq::bigint
+    FROM c WHERE c.key IS NULL OR c.id::uuid IN (SELECT session_id FROM k) ORDER BY c.n
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
 error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
@@ -240,8 +243,8 @@ schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_i
 
 ), opening AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
-    SELECT s.id, 1, s.attempt, 'user_message', %(opening)s::jsonb
-    FROM s WHERE s.last_seq = 1
+    SELECT s.id, 1, s.attempt, 'user_message', c.opening::jsonb
+    FROM s JOIN c ON c.id::uuid = s.id WHERE s.last_seq = 1
 ),
 owner_cursor AS (
     INSERT INTO owner_cursors AS c (owner_id, last_id)
@@ -253,12 +256,13 @@ owner_cursor AS (
     SELECT s.owner_id,
            c.last_id - count(*) OVER owner
                + row_number() OVER (owner ORDER BY s.created_at, s.id),
-           s.id, 'session_created', jsonb_build_object('session', %(view)s::jsonb || jsonb_build_object('createdAt', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))
+           s.id, 'session_created', jsonb_build_object('session', (SELECT c.view::jsonb FROM c WHERE c.id::uuid = s.id) || jsonb_build_object('createdAt', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))
     FROM s s JOIN owner_cursor c ON c.owner_id = s.owner_id
     WINDOW owner AS (PARTITION BY s.owner_id)
     RETURNING id
 )
-SELECT * FROM s;
+SELECT * FROM s
+WHERE s.status <> 'queued' OR pg_notify('ferryman_runs', 'work') IS NOT NULL;
 
 -- name: create_webhook
 INSERT INTO webhooks (id, owner_id, url, events, secret)

@@ -211,6 +211,13 @@ def start_server(
     code = f"import sys; from ferryman.cli import main; sys.argv = {argv!r}; "
     if profile is None:
         code += "main()"
+    elif profile.suffix == ".txt":  # pyinstrument: sampled, so no overhead per call
+        code += (
+            "from pyinstrument import Profiler; p = Profiler(interval=0.0005,"
+            " async_mode='disabled'); p.start()\ntry:\n    main()\nexcept SystemExit:\n"
+            "    pass\nfinally:\n    p.stop(); open(%r, 'w').write(p.output_text("
+            "unicode=False, color=False, show_all=True))" % str(profile)
+        )
     else:
         code += f"import cProfile; cProfile.run('main()', {str(profile)!r})"
     env = {
@@ -427,7 +434,13 @@ def main() -> int:
         help="another Ferryman checkout with its own .venv (e.g. a `git worktree` of main),"
         " run beside this one: a before/after in one run",
     )
-    parser.add_argument("--profile", type=Path, metavar="DIR", help="cProfile the first round")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="profile the first round")
+    parser.add_argument(
+        "--profiler",
+        choices=["cprofile", "pyinstrument"],
+        default="cprofile",
+        help="pyinstrument (`pip install pyinstrument`) samples: a truer split, a text tree",
+    )
     args = parser.parse_args()
     checkouts = [Checkout("this", REPO)]
     if args.baseline:
@@ -456,7 +469,8 @@ def main() -> int:
             for checkout, mode in this_order:
                 profile = None
                 if args.profile and number == 1:
-                    profile = args.profile / f"{checkout.key}-{mode}.prof"
+                    suffix = ".txt" if args.profiler == "pyinstrument" else ".prof"
+                    profile = args.profile / f"{checkout.key}-{mode}{suffix}"
                     profiles.append(profile)
                 tag = f"r{number}_{checkout.key}_{mode}"
                 result = run_round(cluster, checkout, mode, args, logs, tag, profile)
@@ -475,8 +489,8 @@ def main() -> int:
         print(report(rounds, order, args.top))
         for path in profiles:
             if path.exists():
-                print(f"\n{path} (first round, by own time):")
-                print(profile_summary(path))
+                print(f"\n{path} (first round{'' if path.suffix == '.txt' else ', by own time'}):")
+                print(path.read_text() if path.suffix == ".txt" else profile_summary(path))
         return 0
     except KeyboardInterrupt:
         log("interrupted: stopping everything ...")

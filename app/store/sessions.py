@@ -115,8 +115,9 @@ _CREATE_IDLE_SESSION = statement(
 # the row: `last_seq` starts at 1) and its `session_created`. A create with no row back: its key
 # was taken before (a replay, or a reuse: 409), maybe by an earlier create of the same
 # statement. The event's session view is built by `session_view` from what the insert writes
-# (`send_creates`), with the two timestamps the database chose set into it here. Every value
-# goes as a text array, cast here (an array of NULLs has no type of its own). A new session's
+# (`create_sessions`), with the two timestamps the database chose set into it here. Every value
+# goes as a text array, cast here (an array of NULLs has no type of its own), in binary: psycopg
+# escapes a text array's every element with a regex, a tenth of the API's CPU per create. A new session's
 # own stream is not notified: no one can follow a session before its create has answered.
 _SESSION_VALUES = {
     "id": "uuid",
@@ -143,7 +144,7 @@ _CREATE_SESSIONS = statement(
     "create_sessions",
     f"""
     WITH c AS (
-        SELECT * FROM unnest({", ".join(f"%({name})s::text[]" for name in _CREATE_VALUES)})
+        SELECT * FROM unnest({", ".join(f"%({name})b::text[]" for name in _CREATE_VALUES)})
         WITH ORDINALITY AS c({", ".join(_CREATE_VALUES)}, n)
     ), k AS (
         INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)

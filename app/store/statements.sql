@@ -221,7 +221,7 @@ schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_i
 
 -- name: create_sessions
 WITH c AS (
-    SELECT * FROM unnest(%(id)s::text[], %(owner_id)s::text[], %(title)s::text[], %(status)s::text[], %(model)s::text[], %(prompt)s::text[], %(script)s::text[], %(tools)s::text[], %(metadata)s::text[], %(instructions)s::text[], %(model_settings)s::text[], %(approval_required)s::text[], %(assistant_id)s::text[], %(assistant_version)s::text[], %(client_tools)s::text[], %(compaction)s::text[], %(delegates)s::text[], %(last_seq)s::text[], %(key)s::text[], %(fingerprint)s::text[], %(opening)s::text[], %(view)s::text[])
+    SELECT * FROM unnest(%(id)b::text[], %(owner_id)b::text[], %(title)b::text[], %(status)b::text[], %(model)b::text[], %(prompt)b::text[], %(script)b::text[], %(tools)b::text[], %(metadata)b::text[], %(instructions)b::text[], %(model_settings)b::text[], %(approval_required)b::text[], %(assistant_id)b::text[], %(assistant_version)b::text[], %(client_tools)b::text[], %(compaction)b::text[], %(delegates)b::text[], %(last_seq)b::text[], %(key)b::text[], %(fingerprint)b::text[], %(opening)b::text[], %(view)b::text[])
     WITH ORDINALITY AS c(id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, key, fingerprint, opening, view, n)
 ), k AS (
     INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)

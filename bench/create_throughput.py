@@ -215,8 +215,8 @@ def start_server(
         code += (
             "from pyinstrument import Profiler; p = Profiler(interval=0.0005,"
             " async_mode='disabled'); p.start()\ntry:\n    main()\nexcept SystemExit:\n"
-            "    pass\nfinally:\n    p.stop(); open(%r, 'w').write(p.output_text("
-            "unicode=False, color=False, show_all=True))" % str(profile)
+            f"    pass\nfinally:\n    p.stop(); open({str(profile)!r}, 'w').write(p.output_text("
+            "unicode=False, color=False, show_all=True))"
         )
     else:
         code += f"import cProfile; cProfile.run('main()', {str(profile)!r})"

@@ -116,8 +116,9 @@ _CREATE_IDLE_SESSION = statement(
 # was taken before (a replay, or a reuse: 409), maybe by an earlier create of the same
 # statement. The event's session view is built by `session_view` from what the insert writes
 # (`create_sessions`), with the two timestamps the database chose set into it here. Every value
-# goes as a text array, cast here (an array of NULLs has no type of its own), in binary: psycopg
-# escapes a text array's every element with a regex, a tenth of the API's CPU per create. A new session's
+# goes as a text array, cast here (an array of NULLs has no type of its own), in binary:
+# psycopg escapes a text array's every element with a regex, a tenth of the API's CPU per
+# create. A new session's
 # own stream is not notified: no one can follow a session before its create has answered.
 _SESSION_VALUES = {
     "id": "uuid",

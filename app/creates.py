@@ -29,8 +29,11 @@ class SessionCreates:
     """`create(...)` returns the new session's row once it has committed, None when its
     Idempotency-Key was taken before (by a create committed earlier, or by one before it in the
     same statement), or raises the database's error. At most `concurrency` statements are in
-    flight, each with at most `max_creates` creates. When a statement of several fails, each of
-    its creates is sent again alone: one request's trouble is not the others'.
+    flight, each with at most `max_creates` creates. When a statement of several fails for one
+    create's data, each of its creates is sent again alone: one request's trouble is not the
+    others'. When it fails for the database's sake (a lock or statement timeout, a lost
+    connection), each of its requests gets that error (503), as each alone would have, after
+    one wait instead of one each.
 
     A request cancelled while its create waits or is in flight (its client went away) may
     still have its session created, as a request cancelled between the commit and its answer
@@ -54,8 +57,12 @@ class SessionCreates:
         if len(creates) > 1:
             try:
                 return await self._send(creates)
+            except psycopg.OperationalError as failed:
+                # The database's trouble (a lock or statement timeout, a lost connection) would
+                # be each one's again, a timeout's wait each: the batch's answer is theirs.
+                return dict.fromkeys(creates, failed)
             except psycopg.Error:
-                pass  # each alone, so that the others commit
+                pass  # one create's error (its data): each alone, so that the others commit
         outcomes: dict[ApiCreate, Outcome] = {}
         for create in creates:
             try:

@@ -14,7 +14,7 @@ import httpx
 import psycopg
 
 from app.creates import SessionCreates
-from app.db.pool import Database
+from app.db.pool import Database, SessionLimits
 from app.store import sessions as session_store
 from app.store.sessions import NewSession
 from tests.support import (
@@ -149,3 +149,31 @@ async def test_another_owner_never_sees_them(
             assert (await b.get(f"/api/agent/{response.json()['id']}")).status_code == 404
         b_created = [e for e in await owner_backlog(b, "0") if e.event == "session_created"]
         assert len(b_created) == 10
+
+
+async def test_the_databases_trouble_fails_a_batch_at_once(db: Database) -> None:
+    """A lock timeout is every create's: the batch's creates fail together, after one wait,
+    not one each (a held lock would otherwise hold the last request for a timeout per create)."""
+    owner = f"o-{uuid.uuid4()}"
+    limited = Database(db.url, min_size=1, max_size=2, limits=SessionLimits(lock_timeout=0.5))
+    await limited.pool.open(wait=True)
+    try:
+        async with db.connection() as holder:
+            await holder.execute("BEGIN")
+            await holder.execute("LOCK TABLE sessions IN EXCLUSIVE MODE")
+            try:
+                creates = SessionCreates(limited, concurrency=1)
+                # The first create goes alone; the five asked meanwhile go together after it.
+                clock = asyncio.get_running_loop().time
+                started = clock()
+                results = await asyncio.gather(
+                    *(creates.create(owner, new(title=f"s{i}"), None) for i in range(6)),
+                    return_exceptions=True,
+                )
+                took = clock() - started
+            finally:
+                await holder.execute("ROLLBACK")
+    finally:
+        await limited.close()
+    assert all(isinstance(r, psycopg.errors.LockNotAvailable) for r in results), results
+    assert took < 5 * 0.5, took  # two waits (the first alone, then the rest), not six

@@ -12,6 +12,7 @@ from app.agent.tools import ToolRegistry, default_registry
 from app.bus import Bus
 from app.coalesce import Coalescer
 from app.config import Settings
+from app.creates import SessionCreates
 from app.db.pool import Connection, Database, SessionLimits
 from app.db.supervisor import EmbeddedSupervisor
 from app.store import events as event_store
@@ -91,6 +92,8 @@ class Services:
     session_pages: Coalescer[PageWant, PageRows] = field(init=False)
     owner_pages: Coalescer[PageWant, PageRows] = field(init=False)
     session_heads: Coalescer[str, tuple[int, bool]] = field(init=False)
+    # The API's session creates, group-committed (app/creates.py).
+    creates: SessionCreates = field(init=False)
     _local_tools: ToolRegistry | None = None
     _supervisor: EmbeddedSupervisor | None = None
     _checks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -101,6 +104,7 @@ class Services:
         self.session_pages = Coalescer(self._pages(event_store.read_session_pages), max_keys=batch)
         self.owner_pages = Coalescer(self._pages(event_store.read_owner_pages), max_keys=batch)
         self.session_heads = Coalescer(_feed_heads(self.db))
+        self.creates = SessionCreates(self.db)
 
     def _pages(self, read: PagesReader) -> Callable[[list[PageWant]], Awaitable[Pages]]:
         async def pages(wants: list[PageWant]) -> Pages:

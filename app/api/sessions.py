@@ -124,8 +124,15 @@ async def create_session(
             row = await session_store.replay_idempotent(conn, owner, idempotency_key, fingerprint)
     if row is None:
         new = await resolve_session(services, caller, body)
-        async with services.db.transaction() as conn:
-            row, created = await session_store.create_session(conn, owner, new, idempotency_key)
+        row = await services.creates.create(owner, new, idempotency_key)
+        created = row is not None
+        if row is None:  # the key was taken: the same request again (200), or another (409)
+            assert idempotency_key is not None
+            async with services.db.connection() as conn:
+                row = await session_store.replay_idempotent(
+                    conn, owner, idempotency_key, new.fingerprint()
+                )
+            assert row is not None
     if not created:
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/api/agent/{row['id']}"

@@ -276,8 +276,15 @@ def serve(host: str | None, port: int | None, worker: bool) -> None:
         from app.main import Server, create_app
 
         app = create_app(settings, url, with_worker=worker)
+        # No access log (app/logs.py keeps it at WARNING: its lines carry query strings, and
+        # `?access_token=` is a secret). Off here too, uvicorn does not even build its
+        # arguments at every response.
         config = uvicorn.Config(
-            app, log_config=None, timeout_graceful_shutdown=10, proxy_headers=False
+            app,
+            log_config=None,
+            timeout_graceful_shutdown=10,
+            proxy_headers=False,
+            access_log=False,
         )
         bound = _url(settings.host, sock.getsockname()[1])
 

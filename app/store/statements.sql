@@ -228,6 +228,52 @@ assistant_version, client_tools, compaction, forked_from_session_id, forked_from
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
 created_by_key_id;
 
+-- name: create_sessions
+WITH c AS (
+    SELECT * FROM unnest(%(id)b::text[], %(owner_id)b::text[], %(title)b::text[], %(status)b::text[], %(model)b::text[], %(prompt)b::text[], %(script)b::text[], %(tools)b::text[], %(metadata)b::text[], %(instructions)b::text[], %(model_settings)b::text[], %(approval_required)b::text[], %(assistant_id)b::text[], %(assistant_version)b::text[], %(client_tools)b::text[], %(compaction)b::text[], %(delegates)b::text[], %(last_seq)b::text[], %(created_by_key_id)b::text[], %(key)b::text[], %(fingerprint)b::text[], %(opening)b::text[], %(view)b::text[])
+    WITH ORDINALITY AS c(id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, created_by_key_id, key, fingerprint, opening, view, n)
+), k AS (
+    INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)
+    SELECT c.owner_id, c.key, c.fingerprint, c.id::uuid FROM c
+    WHERE c.key IS NOT NULL ORDER BY c.n
+    ON CONFLICT DO NOTHING
+    RETURNING session_id
+), s AS (
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, created_by_key_id)
+    SELECT c.id::uuid, c.owner_id::text, c.title::text, c.status::text, c.model::text, c.prompt::text, c.script::jsonb, c.tools::jsonb, c.metadata::jsonb, c.instructions::text, c.model_settings::jsonb, c.approval_required::jsonb, c.assistant_id::uuid, c.assistant_version::integer, c.client_tools::jsonb, c.compaction::jsonb, c.delegates::jsonb, c.last_seq::bigint, c.created_by_key_id::uuid
+    FROM c WHERE c.key IS NULL OR c.id::uuid IN (SELECT session_id FROM k) ORDER BY c.n
+    RETURNING
+id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
+error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq,
+delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
+approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
+assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+created_by_key_id
+
+), opening AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT s.id, 1, s.attempt, 'user_message', c.opening::jsonb
+    FROM s JOIN c ON c.id::uuid = s.id WHERE s.last_seq = 1
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM s GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_created', jsonb_build_object('session', (SELECT c.view::jsonb FROM c WHERE c.id::uuid = s.id) || jsonb_build_object('createdAt', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), 'updatedAt', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))
+    FROM s s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT * FROM s
+WHERE s.status <> 'queued' OR pg_notify('ferryman_runs', 'work') IS NOT NULL;
+
 -- name: create_webhook
 INSERT INTO webhooks (id, owner_id, url, events, secret)
 VALUES (%(id)s, %(owner)s, %(url)s, %(events)s, %(secret)s)

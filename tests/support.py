@@ -454,3 +454,11 @@ def missing(reason: str, what: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: {what} must run in CI)")
     pytest.skip(reason)
+
+
+# Queue sessions: owner, title prefix (numbered from 1), how many, at what priority.
+QUEUE = (
+    "INSERT INTO sessions (id, owner_id, title, status, model, prompt, priority)"
+    " SELECT gen_random_uuid(), %(owner)s, %(title)s || n, 'queued', 'scripted', 'p',"
+    " %(priority)s FROM generate_series(1, %(n)s) AS n"
+)

@@ -47,7 +47,7 @@ def parse_assistant_id(raw: str) -> UUID:
 
 
 async def resolve_session(
-    services: Services, owner: str, body: schemas.CreateSession
+    services: Services, owner: str, body: schemas.CreateSession, default_priority: int = 0
 ) -> NewSession:
     """The session to store for `body`: with `assistantId`, that assistant version's
     definition (AssistantNotFound for none of the owner's), overridden by the fields the body
@@ -94,6 +94,7 @@ async def resolve_session(
         if body.compaction is not None
         else base.get("compaction"),
         delegates=delegates,
+        priority=body.priority if body.priority is not None else default_priority,
     )
 
 

@@ -31,12 +31,14 @@ from app.domain import (
     MAX_KEEP_RECENT_TURNS,
     MAX_MESSAGE_CHARS,
     MAX_METADATA_BYTES,
+    MAX_PRIORITY,
     MAX_PROMPT_CHARS,
     MAX_SCRIPT_TURNS,
     MAX_STOP_SEQUENCES,
     MAX_TITLE_CHARS,
     MAX_TOOLS,
     MIN_COMPACTION_TRIGGER_TOKENS,
+    MIN_PRIORITY,
     MODEL_NAME_PATTERN,
     TOOL_NAME_PATTERN,
     Overlap,
@@ -366,6 +368,14 @@ class CreateSession(Definition):
         description="The version of `assistantId` to pin; unset: its latest.",
     )
     clientTools: ClientTools
+    priority: int | None = Field(
+        default=None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Workers claim sessions of a higher priority first; within a priority,"
+        " claims are fair across owners (docs/fairness.md). Unset: the key's policy's"
+        " `priority`, else 0.",
+    )
 
     @model_validator(mode="after")
     def _version_of_an_assistant(self) -> CreateSession:
@@ -671,6 +681,9 @@ class Session(BaseModel):
     )
     schedule: ScheduleRef | None = shown_when_set(
         "The schedule that fired it and the tick it fired for (absent: none)."
+    )
+    priority: int | None = shown_when_set(
+        "Its claim priority: higher first (absent: 0, the default)."
     )
 
 

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 
 from app.api import schemas
 from app.api.definitions import assistant_request_fingerprint, resolve_session
-from app.api.deps import DatabaseDep, Owner, ServicesDep
+from app.api.deps import CallerDep, DatabaseDep, Owner, ServicesDep
+from app.api.limits import COUNTS_CREATE, COUNTS_MESSAGE, check_queue
 from app.api.openapi import problems
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -78,14 +79,15 @@ def decode_page_token(token: str) -> session_store.PageKey:
     operation_id="createSession",
     status_code=status.HTTP_201_CREATED,
     response_model=schemas.Session,
+    dependencies=[COUNTS_CREATE],
     responses={
         200: {"model": schemas.Session, "description": "Idempotent replay"},
-        **problems(*ANY_ERRORS, *BODY_ERRORS, 404, 409),
+        **problems(*ANY_ERRORS, *BODY_ERRORS, 404, 409, 429),
     },
 )
 async def create_session(
     body: schemas.CreateSession,
-    owner: Owner,
+    caller: CallerDep,
     services: ServicesDep,
     response: Response,
     idempotency_key: Annotated[
@@ -98,6 +100,7 @@ async def create_session(
         ),
     ] = None,
 ) -> dict[str, Any]:
+    owner = caller.owner
     row, created = None, False
     fingerprint = assistant_request_fingerprint(body)
     if idempotency_key is not None and fingerprint is not None:
@@ -105,7 +108,9 @@ async def create_session(
         async with services.db.connection() as conn:
             row = await session_store.replay_idempotent(conn, owner, idempotency_key, fingerprint)
     if row is None:
-        new = await resolve_session(services, owner, body)
+        if body.prompt is not None:
+            await check_queue(services, owner)
+        new = await resolve_session(services, owner, body, caller.policy.get("priority", 0))
         async with services.db.transaction() as conn:
             row, created = await session_store.create_session(conn, owner, new, idempotency_key)
     if not created:
@@ -252,14 +257,21 @@ async def _wait_terminal(
     operation_id="postMessage",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=schemas.MessageAccepted,
-    responses=problems(*SESSION_ERRORS, *BODY_ERRORS),
+    dependencies=[COUNTS_MESSAGE],
+    responses=problems(*SESSION_ERRORS, *BODY_ERRORS, 429),
 )
 async def post_message(
-    session_id: SessionId, body: schemas.PostMessage, owner: Owner, db: DatabaseDep
+    session_id: SessionId, body: schemas.PostMessage, owner: Owner, services: ServicesDep
 ) -> dict[str, Any]:
+    """429 OWNER_QUEUE_FULL when it would queue the session (it is idle, waiting or
+    finished) and its owner has FERRYMAN_OWNER_MAX_QUEUED queued; RATE_LIMITED past the key's
+    messages a minute."""
     sid = parse_session_id(session_id)
-    async with db.transaction() as conn:
-        event, delivery = await session_store.post_message(conn, owner, sid, body.text)
+    max_queued = services.settings.owner_max_queued
+    async with services.db.transaction() as conn:
+        event, delivery = await session_store.post_message(
+            conn, owner, sid, body.text, max_queued=max_queued
+        )
     return {
         "id": str(sid),
         "message": {"seq": event["seq"], "text": body.text, "delivery": delivery},

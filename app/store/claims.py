@@ -11,16 +11,17 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
-from app.domain import OwnerEventType, SessionEventType
+from app.domain import OwnerEventType, SessionEventType, Status
 from app.store.events import owner_event_ctes
 from app.store.notify import SESSION_KEY_PREFIX, notifying
 from app.store.sessions import SESSION_COLUMNS
 from app.store.statements import statement
 
 # Every branch implies the `sessions_claimable` index's predicate (status queued or running), so
-# a claim reads that index in the order of the sessions' claim keys, never the finished sessions
-# (tests/test_claim.py). The keys are fair across owners: each owner's queued sessions are
-# spaced out on its own clock (alembic/versions/0016_fair_claims.py, docs/fairness.md).
+# a claim reads that index in the order of the sessions' priorities (highest first) and claim
+# keys, never the finished sessions (tests/test_claim.py). The keys are fair across owners:
+# each owner's queued sessions are spaced out on its own clock, one per priority
+# (alembic/versions/0016_fair_claims.py, 0022_priority_limits.py, docs/fairness.md).
 #
 # One statement, so one round trip and no transaction around it: it takes up to %(limit)s
 # sessions, appends their `session_status` owner events (`owner_event_ctes`: the cursor rows are
@@ -32,22 +33,20 @@ from app.store.statements import statement
 # and on its stream at once, without a write of the run's own before the model is first asked.
 # Rows a statement inserts are invisible to its own reads, so the head gets that event appended,
 # when the head reaches the event before it (else the run reads its log, which then has it).
-CLAIM_SQL = statement(
-    "claim",
-    f"""
+_CLAIM = f"""
     WITH candidate AS (
         SELECT s.id FROM sessions s
         WHERE EXISTS (SELECT 1 FROM workers me
                       WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
           AND s.id <> ALL(%(busy)s::uuid[])
-          AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
+          AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb){{owner_limit}}
           AND ((s.status = 'queued' AND s.deleted_at IS NULL)
            OR (s.status = 'running' AND (
                 s.lease_worker_id IS NULL
                 OR s.lease_expires_at < clock_timestamp()
                 OR EXISTS (SELECT 1 FROM workers w
                            WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-        ORDER BY s.claim_key
+        ORDER BY s.priority DESC, s.claim_key
         LIMIT %(limit)s
         FOR UPDATE OF s SKIP LOCKED
     ), claimed AS (
@@ -69,12 +68,12 @@ CLAIM_SQL = statement(
         RETURNING session_id, seq, type, data,
             {notifying(f"'{SESSION_KEY_PREFIX}' || session_id")} AS notified
     ), {
-        owner_event_ctes(
-            "claimed",
-            f"'{OwnerEventType.SESSION_STATUS}'",
-            "jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)",
-        )
-    }
+    owner_event_ctes(
+        "claimed",
+        f"'{OwnerEventType.SESSION_STATUS}'",
+        "jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)",
+    )
+}
     SELECT s.*, s.attempt - coalesce((
         SELECT e.attempt FROM session_events e
         WHERE e.session_id = s.id AND e.type = '{SessionEventType.SESSION_END}'
@@ -93,9 +92,26 @@ CLAIM_SQL = statement(
         FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
               FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
         WHERE e.upto <= %(head_bytes)s) h
-    ORDER BY s.claim_key
-""",
+    ORDER BY s.priority DESC, s.claim_key
+"""
+CLAIM_SQL = statement("claim", _CLAIM.replace("{owner_limit}", ""))
+# With FERRYMAN_OWNER_MAX_RUNNING: a queued session of an owner that has that many running is
+# passed over (the scan goes on to other owners' sessions; a takeover of a running one is not
+# held back). Counted with `sessions_owner_active`. Run under CLAIM_LOCK, one session a
+# statement (`claim`), so that no two claims count the same owner's sessions at once.
+CLAIM_LIMITED_SQL = statement(
+    "claim_owner_limited",
+    _CLAIM.replace(
+        "{owner_limit}",
+        f"""
+          AND (s.status <> '{Status.QUEUED}' OR (
+                SELECT count(*) FROM sessions r
+                WHERE r.owner_id = s.owner_id AND r.status = '{Status.RUNNING}'
+              ) < %(max_running)s)""",
+    ),
 )
+# The claims with an owner limit take turns across all workers: a transaction's lock.
+CLAIM_LOCK = statement("claim_lock", "SELECT pg_advisory_xact_lock(7465726430)")
 # The start of each claimed session's log the claim brings along (`head`), at most this many
 # events and bytes of data: a new session's whole log, so its run need not read it again.
 CLAIM_HEAD_EVENTS = 50
@@ -131,6 +147,7 @@ async def claim(
     busy: Collection[UUID] = (),
     limit: int = 1,
     tools: Collection[str] = (),
+    max_running: int | None = None,
 ) -> list[dict[str, Any]]:
     """Claim up to `limit` sessions: queued ones, or running ones whose lease expired, was
     released, or whose worker is dead. Adds 1 to each `attempt`, and logs `session_start` for a
@@ -151,7 +168,25 @@ async def claim(
 
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
-    it would take back its own sessions claim after claim, each spending an attempt."""
+    it would take back its own sessions claim after claim, each spending an attempt.
+
+    `max_running` (FERRYMAN_OWNER_MAX_RUNNING): no queued session is claimed of an owner that
+    has this many running. Such claims take turns across workers (CLAIM_LOCK, held by one
+    transaction, in which each statement sees what the claims before it did), one session a
+    statement, so two claims never both take an owner's last free place."""
     params = claim_params(worker_id, pid, ttl, busy, limit, tools)
-    cur = await conn.execute(CLAIM_SQL, params)
-    return await cur.fetchall()
+    if max_running is None:
+        cur = await conn.execute(CLAIM_SQL, params)
+        return await cur.fetchall()
+    rows: list[dict[str, Any]] = []
+    async with conn.transaction():
+        await conn.execute(CLAIM_LOCK)
+        for _ in range(limit):
+            cur = await conn.execute(
+                CLAIM_LIMITED_SQL, {**params, "limit": 1, "max_running": max_running}
+            )
+            got = await cur.fetchall()
+            if not got:
+                break
+            rows += got
+    return rows

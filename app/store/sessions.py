@@ -29,10 +29,12 @@ from app.errors import (
     ApprovalNotPending,
     ClientToolNotPending,
     IdempotencyKeyReused,
+    OwnerQueueFull,
     SessionAlreadyTerminal,
     SessionNotCompactable,
     SessionNotFound,
 )
+from app.store import limits as limit_store
 from app.store.events import append_owner_event, append_session_event, owner_event_ctes
 from app.store.notify import WORK_KEY, cancel_key, inbox_key, notify, session_key
 from app.store.statements import statement
@@ -43,7 +45,8 @@ SESSION_COLUMNS = """
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    priority
 """
 
 
@@ -64,9 +67,9 @@ _CREATE_SESSION = statement(
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, schedule_id,
                           schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                          depth)
+                          depth, priority)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-            %s)
+            %s, %s)
     ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
     DO NOTHING
     RETURNING {SESSION_COLUMNS}
@@ -196,6 +199,8 @@ class NewSession:
     parent_session_id: UUID | None = None
     parent_tool_call_id: str | None = None
     depth: int = 0
+    # Claims take higher priorities first (-100..100; docs/tenants.md).
+    priority: int = 0
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -293,6 +298,7 @@ async def create_session(
             new.parent_session_id,
             new.parent_tool_call_id,
             new.depth,
+            new.priority,
         ),
     )
     row = await cur.fetchone()
@@ -545,13 +551,21 @@ async def post_message(
     *,
     locked: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    max_queued: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
     one. The first message of a session created idle becomes its prompt. `locked`: the
     session's row as this transaction locked it, if the caller did (one read less). `extra`:
-    more fields of the event's data (an Agent Protocol run's metadata)."""
+    more fields of the event's data (an Agent Protocol run's metadata). `max_queued`: the
+    owner's limit of queued sessions (OwnerQueueFull if this would queue one past it)."""
     row = locked or await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
+    if (
+        max_queued is not None
+        and status in REQUEUEABLE
+        and await limit_store.queued_at_least(conn, owner_id, max_queued)
+    ):
+        raise OwnerQueueFull(max_queued)
     if not row["prompt"]:  # a prompt has at least one character: none yet
         await conn.execute(_SET_PROMPT, (text, session_id))
     delivery = "steer" if status == Status.RUNNING else "queued"

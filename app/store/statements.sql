@@ -52,7 +52,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE parent_session_id = %s AND parent_tool_call_id = %s;
 
@@ -75,7 +76,7 @@ WITH candidate AS (
             OR s.lease_expires_at < clock_timestamp()
             OR EXISTS (SELECT 1 FROM workers w
                        WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-    ORDER BY s.claim_key
+    ORDER BY s.priority DESC, s.claim_key
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
@@ -87,7 +88,7 @@ WITH candidate AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
     FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.claim_key
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.priority, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -130,7 +131,84 @@ CROSS JOIN LATERAL (
     FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
           FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
     WHERE e.upto <= %(head_bytes)s) h
-ORDER BY s.claim_key;
+ORDER BY s.priority DESC, s.claim_key;
+
+-- name: claim_lock
+SELECT pg_advisory_xact_lock(7465726430);
+
+-- name: claim_owner_limited
+WITH candidate AS (
+    SELECT s.id FROM sessions s
+    WHERE EXISTS (SELECT 1 FROM workers me
+                  WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
+      AND s.id <> ALL(%(busy)s::uuid[])
+      AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
+      AND (s.status <> 'queued' OR (
+            SELECT count(*) FROM sessions r
+            WHERE r.owner_id = s.owner_id AND r.status = 'running'
+          ) < %(max_running)s)
+      AND ((s.status = 'queued' AND s.deleted_at IS NULL)
+       OR (s.status = 'running' AND (
+            s.lease_worker_id IS NULL
+            OR s.lease_expires_at < clock_timestamp()
+            OR EXISTS (SELECT 1 FROM workers w
+                       WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
+    ORDER BY s.priority DESC, s.claim_key
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), claimed AS (
+    UPDATE sessions s SET
+        status = 'running', attempt = s.attempt + 1,
+        resumes = s.resumes + (s.status = 'running')::integer,
+        last_seq = s.last_seq + (s.attempt = 0)::integer,
+        lease_worker_id = %(worker)s, lease_pid = %(pid)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        updated_at = clock_timestamp()
+    FROM candidate WHERE s.id = candidate.id
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.priority, s.claim_key
+), started AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT s.id, s.last_seq, s.attempt, 'session_start',
+           jsonb_build_object('workerId', %(worker)s::text, 'pid', %(pid)s::integer,
+                              'attempt', s.attempt)
+    FROM claimed s WHERE s.attempt = 1
+    RETURNING session_id, seq, type, data,
+        pg_notify('ferryman', 's:' || session_id) IS NOT NULL AS notified
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM claimed GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)
+    FROM claimed s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT s.*, s.attempt - coalesce((
+    SELECT e.attempt FROM session_events e
+    WHERE e.session_id = s.id AND e.type = 'session_end'
+    ORDER BY e.seq DESC LIMIT 1), 0) AS claims,
+  CASE WHEN st.seq IS NULL THEN h.events
+       WHEN coalesce(h.last, 0) = st.seq - 1 THEN coalesce(h.events, '[]'::jsonb)
+           || jsonb_build_array(jsonb_build_object('seq', st.seq, 'type', st.type,
+                                                   'data', st.data))
+  END AS head
+FROM claimed s
+LEFT JOIN started st ON st.session_id = s.id
+CROSS JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object('seq', e.seq, 'type', e.type, 'data', e.data)
+                     ORDER BY e.seq) AS events,
+           max(e.seq) AS last
+    FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
+          FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
+    WHERE e.upto <= %(head_bytes)s) h
+ORDER BY s.priority DESC, s.claim_key;
 
 -- name: claim_webhook_deliveries
 WITH due AS (
@@ -155,6 +233,16 @@ WHERE session_id = %s AND data->>'toolCallId' = %s
   AND type IN ('client_tool_call', 'client_tool_result',
                'tool_result')
 ORDER BY seq;
+
+-- name: count_rate
+INSERT INTO rate_windows AS r (subject, action, window_start, count)
+VALUES (%(subject)s, %(action)s, date_trunc('minute', clock_timestamp()), 1)
+ON CONFLICT (subject, action) DO UPDATE SET
+    count = CASE WHEN r.window_start = EXCLUDED.window_start THEN r.count + 1 ELSE 1 END,
+    window_start = EXCLUDED.window_start
+RETURNING count,
+    ceil(extract(epoch FROM window_start + interval '1 minute' - clock_timestamp()))::integer
+        AS retry_after;
 
 -- name: count_threads
 SELECT count(*) AS n FROM sessions
@@ -181,7 +269,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority
 
 ),
 owner_cursor AS (
@@ -206,9 +295,9 @@ INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools,
                       instructions, model_settings, approval_required, assistant_id,
                       assistant_version, client_tools, compaction, schedule_id,
                       schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                      depth)
+                      depth, priority)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-        %s)
+        %s, %s)
 ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
 DO NOTHING
 RETURNING
@@ -217,7 +306,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority;
 
 -- name: create_webhook
 INSERT INTO webhooks (id, owner_id, url, events, secret)
@@ -262,7 +352,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -315,7 +406,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -326,7 +418,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -365,7 +458,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -436,7 +530,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -468,6 +563,12 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
+
+-- name: owner_queued
+SELECT count(*) AS queued FROM (
+    SELECT 1 FROM sessions
+    WHERE owner_id = %(owner)s AND status = 'queued' AND deleted_at IS NULL
+    LIMIT %(limit)s) q;
 
 -- name: parent_for_answer
 SELECT p.id, p.status, (
@@ -544,7 +645,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -554,7 +656,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -564,7 +667,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth;
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority;
 
 -- name: run_write
 WITH bumped AS (
@@ -716,7 +820,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -732,7 +837,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -748,7 +854,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -764,7 +871,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -780,7 +888,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -796,7 +905,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -812,7 +922,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -828,7 +939,8 @@ SELECT
    delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+   schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+   priority
 FROM sessions
    WHERE owner_id = %(owner)s AND deleted_at IS NULL
      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -844,7 +956,8 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    priority
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -882,7 +995,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority
 
 ),
 owner_cursor AS (
@@ -911,7 +1025,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority
 
 ),
 owner_cursor AS (
@@ -942,7 +1057,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority
 
 ),
 owner_cursor AS (
@@ -980,7 +1096,8 @@ error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_s
 delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+priority
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -1043,6 +1160,7 @@ SELECT
     delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
-    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth
+    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
+    priority
  FROM sessions WHERE id = ANY(%s);
 

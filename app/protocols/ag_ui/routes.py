@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import Owner, ServicesDep
+from app.api.limits import COUNTS_AG_UI_RUN
 from app.api.streams import _direct_writes, _sse
 from app.protocols.ag_ui import service
 from app.protocols.ag_ui.schemas import RunAgentInput
@@ -27,13 +28,13 @@ async def _run(
     return _sse(services, owner, run_events(services, row, stream, direct), direct)
 
 
-@router.post("/agent")
+@router.post("/agent", dependencies=[COUNTS_AG_UI_RUN])
 async def run_agent(body: RunAgentInput, owner: Owner, services: ServicesDep) -> StreamingResponse:
     """A run of the definition in `forwardedProps.ferryman` (the defaults without one)."""
     return await _run(services, owner, GRAPH_ID, body)
 
 
-@router.post("/assistants/{assistant_id}")
+@router.post("/assistants/{assistant_id}", dependencies=[COUNTS_AG_UI_RUN])
 async def run_assistant(
     assistant_id: str, body: RunAgentInput, owner: Owner, services: ServicesDep
 ) -> StreamingResponse:

@@ -113,7 +113,12 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Post Message */
+        /**
+         * Post Message
+         * @description 429 OWNER_QUEUE_FULL when it would queue the session (it is idle, waiting or
+         *     finished) and its owner has FERRYMAN_OWNER_MAX_QUEUED queued; RATE_LIMITED past the key's
+         *     messages a minute.
+         */
         post: operations["postMessage"];
         delete?: never;
         options?: never;
@@ -681,6 +686,8 @@ export interface components {
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+            /** @description Workers claim sessions of a higher priority first; within a priority, claims are fair across owners (docs/fairness.md). Unset: the key's policy's `priority`, else 0. */
+            priority?: number;
             /**
              * @description Five fields (minute hour day-of-month month day-of-week), or six with seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422 SCHEDULE_CRON_INVALID.
              * @example 30 2 * * *
@@ -726,6 +733,8 @@ export interface components {
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+            /** @description Workers claim sessions of a higher priority first; within a priority, claims are fair across owners (docs/fairness.md). Unset: the key's policy's `priority`, else 0. */
+            priority?: number;
         };
         /** CreateWebhook */
         CreateWebhook: {
@@ -1026,6 +1035,8 @@ export interface components {
             parent?: components["schemas"]["Parent"] | null;
             /** @description The schedule that fired it and the tick it fired for (absent: none). */
             schedule?: components["schemas"]["ScheduleRef"] | null;
+            /** @description Its claim priority: higher first (absent: 0, the default). */
+            priority?: number | null;
         };
         /** SessionList */
         SessionList: {
@@ -1142,6 +1153,8 @@ export interface components {
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+            /** @description Workers claim sessions of a higher priority first; within a priority, claims are fair across owners (docs/fairness.md). Unset: the key's policy's `priority`, else 0. */
+            priority?: number;
             /**
              * @description Five fields (minute hour day-of-month month day-of-week), or six with seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422 SCHEDULE_CRON_INVALID.
              * @example 30 2 * * *
@@ -1272,7 +1285,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "OWNER_QUEUE_FULL" | "RATE_LIMITED" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -2595,6 +2608,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Service Unavailable */
             503: {
                 headers: {
@@ -3009,6 +3031,15 @@ export interface operations {
             };
             /** @description Unprocessable Entity */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -226,6 +226,8 @@ class Session(Model):
     # The assistants it may delegate to (None: none); a child's delegate call (None: none).
     delegates: list[str] | None = None
     parent: Parent | None = None
+    # Its claim priority, higher first (0: the default, or an older server).
+    priority: int = 0
 
     @property
     def terminal(self) -> bool:

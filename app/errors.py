@@ -24,6 +24,7 @@ class ProblemCode(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
     ASSISTANT_NOT_FOUND = "ASSISTANT_NOT_FOUND"
+    KEY_NOT_FOUND = "KEY_NOT_FOUND"
     ASSISTANT_LIMIT_REACHED = "ASSISTANT_LIMIT_REACHED"
     SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
     SCHEDULE_LIMIT_REACHED = "SCHEDULE_LIMIT_REACHED"
@@ -91,6 +92,13 @@ class AssistantNotFound(NotFound):
 
     def __init__(self, detail: str = "no such assistant") -> None:
         super().__init__(detail)
+
+
+class KeyNotFound(NotFound):
+    code = ProblemCode.KEY_NOT_FOUND
+
+    def __init__(self) -> None:
+        super().__init__("no such key, or it is revoked")
 
 
 class AssistantLimitReached(FerrymanError):

@@ -407,6 +407,10 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         "The owner holds `FERRYMAN_MAX_STREAMS_PER_OWNER` open"
         " streams on this process; with `Retry-After`.",
     ),
+    ProblemCode.KEY_NOT_FOUND: (
+        404,
+        "The keys API: the id names no key, or a revoked one (docs/tenants.md).",
+    ),
     ProblemCode.OWNER_QUEUE_FULL: (
         429,
         "The owner has `FERRYMAN_OWNER_MAX_QUEUED` sessions queued (docs/tenants.md); with"

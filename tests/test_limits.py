@@ -79,6 +79,9 @@ async def test_concurrent_claimers_never_pass_an_owners_running_limit() -> None:
         assert running_by_owner(c) == dict.fromkeys(owners, limit)
 
 
+ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
+
+
 @pytest.fixture(scope="module")
 def limited() -> Iterator[tuple[ServerProcess, str]]:
     """A server in keys mode with every limit set low."""
@@ -88,6 +91,7 @@ def limited() -> Iterator[tuple[ServerProcess, str]]:
             "FERRYMAN_OWNER_MAX_QUEUED": "3",
             "FERRYMAN_KEY_CREATES_PER_MINUTE": "1000",
             "FERRYMAN_KEY_MESSAGES_PER_MINUTE": "1000",
+            "FERRYMAN_ADMIN_TOKEN": ADMIN_TOKEN,
         }
         with running(ServerProcess(url, env=env)) as server:
             yield server, url
@@ -178,3 +182,66 @@ async def minute_with_time_left() -> None:
         await asyncio.sleep(0.2)
         if time.time() % 60 < 45:
             return
+
+
+async def test_the_keys_api_creates_lists_updates_and_revokes_keys_with_their_policy(
+    limited: tuple[ServerProcess, str],
+) -> None:
+    server, url = limited
+    owner = f"api-{uuid.uuid4().hex[:8]}"
+    async with client(server.url, ADMIN_TOKEN) as admin:
+        created = await admin.post(
+            "/api/keys",
+            json={"owner": owner, "name": "ci", "policy": {"priority": 9, "createsPerMinute": 50}},
+        )
+        assert created.status_code == 201, created.text
+        made = created.json()
+        key, key_id = made["key"], made["id"]
+        assert made["policy"] == {"priority": 9, "createsPerMinute": 50}
+        assert made["ownerId"] == owner and made["revokedAt"] is None
+        with psycopg.connect(url) as conn:
+            (stored,) = conn.execute(
+                "SELECT key_hash FROM api_keys WHERE id = %s", (key_id,)
+            ).fetchone()  # type: ignore[misc]
+        assert stored == hash_key(key)  # only its digest is kept
+        listed = (await admin.get("/api/keys", params={"owner": owner})).json()["keys"]
+        assert [k["id"] for k in listed] == [key_id] and "key" not in listed[0]
+
+        async with client(server.url, key) as http:
+            assert (await http.post("/api/agent", json={})).json()["priority"] == 9
+            # A key is no admin token, and the admin token is no key.
+            assert_problem(await http.get("/api/keys"), 401, "INVALID_API_KEY")
+        assert_problem(await admin.get("/api/agent"), 401, "INVALID_API_KEY")
+
+        patched = await admin.patch(
+            f"/api/keys/{key_id}", json={"name": "ci2", "policy": {"priority": None}}
+        )
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["policy"] == {"createsPerMinute": 50}
+        assert patched.json()["name"] == "ci2"
+        async with client(server.url, key) as http:
+            assert "priority" not in (await http.post("/api/agent", json={})).json()
+
+        bad = await admin.post("/api/keys", json={"owner": owner, "policy": {"priority": 500}})
+        assert_problem(bad, 422, "VALIDATION_ERROR")
+        unknown = await admin.post("/api/keys", json={"owner": owner, "policy": {"what": 1}})
+        assert_problem(unknown, 422, "VALIDATION_ERROR")
+
+        assert (await admin.delete(f"/api/keys/{key_id}")).status_code == 204
+        assert_problem(await admin.delete(f"/api/keys/{key_id}"), 404, "KEY_NOT_FOUND")
+        assert_problem(await admin.patch(f"/api/keys/{key_id}", json={}), 404, "KEY_NOT_FOUND")
+        assert_problem(await admin.delete("/api/keys/nope"), 404, "KEY_NOT_FOUND")
+        async with client(server.url, key) as http:
+            assert_problem(await http.get("/api/agent"), 401, "INVALID_API_KEY")
+    async with client(server.url) as anonymous:
+        assert_problem(await anonymous.get("/api/keys"), 401, "AUTH_REQUIRED")
+
+
+async def test_without_an_admin_token_the_keys_api_is_not_there() -> None:
+    with fresh_database("ferryman_keys_off") as url:
+        _, key = make_key(url)
+        with running(ServerProcess(url, env={"FERRYMAN_AUTH": "keys"})) as server:
+            async with client(server.url, key) as http:
+                assert_problem(await http.get("/api/keys"), 404, "NOT_FOUND")
+                made = await http.post("/api/keys", json={"owner": "someone"})
+                assert_problem(made, 404, "NOT_FOUND")

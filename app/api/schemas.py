@@ -40,6 +40,7 @@ from app.domain import (
     MIN_COMPACTION_TRIGGER_TOKENS,
     MIN_PRIORITY,
     MODEL_NAME_PATTERN,
+    OWNER_ID_PATTERN,
     TOOL_NAME_PATTERN,
     Overlap,
     SessionErrorCode,
@@ -833,3 +834,68 @@ class Schedule(BaseModel):
 class ScheduleList(BaseModel):
     schedules: list[Schedule]
     nextPageToken: str | None
+
+
+# --- keys (docs/tenants.md) ------------------------------------------------------------------
+
+
+class KeyPolicy(Request):
+    """What a key may do beyond its owner's defaults (`api_keys.policy`); a field left out
+    takes the setting's default."""
+
+    priority: int | None = Field(
+        default=None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="The `priority` of the sessions this key creates without one.",
+    )
+    createsPerMinute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Creates a minute (overrides FERRYMAN_KEY_CREATES_PER_MINUTE).",
+    )
+    messagesPerMinute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Messages a minute (overrides FERRYMAN_KEY_MESSAGES_PER_MINUTE).",
+    )
+
+    def stored(self) -> dict[str, Any]:
+        """The policy as `api_keys.policy` keeps it: the fields set."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class CreateKey(Request):
+    owner: str = Field(pattern=OWNER_ID_PATTERN.pattern, description="The owner it acts as.")
+    name: Text = Field(default="", max_length=MAX_TITLE_CHARS, description="A label.")
+    policy: KeyPolicy = Field(default_factory=KeyPolicy)
+
+
+class UpdateKey(Request):
+    name: Title | None = None
+    policy: KeyPolicy | None = Field(
+        default=None,
+        description="Merged into the key's policy: the fields given replace its own, a field"
+        " given as null goes back to the default.",
+    )
+
+
+class ApiKey(BaseModel):
+    id: Uuid
+    ownerId: str
+    name: str
+    prefix: str = Field(description="The key's first characters, to tell keys apart.")
+    policy: Annotated[dict[str, Any], WithJsonSchema({"allOf": [component("KeyPolicy")]})]
+    createdAt: DateTime
+    lastUsedAt: DateTime | None
+    revokedAt: DateTime | None
+
+
+class CreatedKey(ApiKey):
+    key: str = Field(description="The key itself: shown this once, stored only hashed.")
+
+
+class KeyList(BaseModel):
+    keys: list[ApiKey]

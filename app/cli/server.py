@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import signal
 import socket
 import traceback
@@ -426,8 +427,35 @@ def _with_db(work: Callable[[Any], Any]) -> Any:
 @keys_cli.command("create")
 @click.option("--owner", required=True, metavar="OWNER", help="The owner the key acts as.")
 @click.option("--name", default="", metavar="TEXT", help="A label for the key.")
-def keys_create(owner: str, name: str) -> None:
+@click.option(
+    "--priority",
+    type=int,
+    metavar="N",
+    help="The priority (-100..100) of the sessions it creates without one (docs/tenants.md).",
+)
+@click.option(
+    "--creates-per-minute",
+    type=int,
+    metavar="N",
+    help="Its creates a minute (instead of FERRYMAN_KEY_CREATES_PER_MINUTE).",
+)
+@click.option(
+    "--messages-per-minute",
+    type=int,
+    metavar="N",
+    help="Its messages a minute (instead of FERRYMAN_KEY_MESSAGES_PER_MINUTE).",
+)
+def keys_create(
+    owner: str,
+    name: str,
+    priority: int | None,
+    creates_per_minute: int | None,
+    messages_per_minute: int | None,
+) -> None:
     """Create an API key and print it once."""
+    from pydantic import ValidationError
+
+    from app.api.schemas import KeyPolicy
     from app.domain import check_owner_id
     from app.store import keys as key_store
 
@@ -435,7 +463,21 @@ def keys_create(owner: str, name: str) -> None:
         check_owner_id(owner)
     except ValueError as exc:
         fail(f"--owner: {exc}")
-    row, key = _with_db(lambda conn: key_store.create_key(conn, owner, name))
+    try:
+        policy = KeyPolicy(
+            priority=priority,
+            createsPerMinute=creates_per_minute,
+            messagesPerMinute=messages_per_minute,
+        ).stored()
+    except ValidationError as exc:
+        options = {
+            "createsPerMinute": "creates-per-minute",
+            "messagesPerMinute": "messages-per-minute",
+        }
+        first = exc.errors()[0]
+        field = str(first["loc"][0])
+        fail(f"--{options.get(field, field)}: {first['msg']}")
+    row, key = _with_db(lambda conn: key_store.create_key(conn, owner, name, policy))
     click.echo(key)
     click.echo(
         f"key {row['id']} for owner {owner!r}; store it now, it is not shown again", err=True
@@ -456,13 +498,18 @@ def keys_list(owner: str | None) -> None:
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "OWNER", "PREFIX", "STATE", "NAME"):
-        table.add_column(column, no_wrap=column != "NAME")
+    for column in ("ID", "OWNER", "PREFIX", "STATE", "NAME", "POLICY"):
+        table.add_column(column, no_wrap=column not in ("NAME", "POLICY"))
     for row in rows:
         state = "revoked" if row["revoked_at"] else "active"
         # Owners and names are text, not rich markup.
         table.add_row(
-            str(row["id"]), Text(row["owner_id"]), f"{row['prefix']}…", state, Text(row["name"])
+            str(row["id"]),
+            Text(row["owner_id"]),
+            f"{row['prefix']}…",
+            state,
+            Text(row["name"]),
+            Text(json.dumps(row["policy"], separators=(",", ":")) if row["policy"] else ""),
         )
     table_console().print(table, soft_wrap=False)
 

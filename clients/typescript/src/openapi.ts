@@ -453,6 +453,55 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Keys
+         * @description Every key (revoked ones too), oldest first; never the keys themselves.
+         */
+        get: operations["listKeys"];
+        put?: never;
+        /**
+         * Create Key
+         * @description A new key for `owner`, with its policy; the answer's `key` is shown this once.
+         */
+        post: operations["createKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/keys/{key_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke Key
+         * @description Revoke a key: its next request is 401. 404 KEY_NOT_FOUND if it is revoked already.
+         */
+        delete: operations["revokeKey"];
+        options?: never;
+        head?: never;
+        /**
+         * Update Key
+         * @description Rename a key or change its policy (merged: a field given as null goes back to the
+         *     default). It applies from the key's next request. 404 KEY_NOT_FOUND for a revoked one.
+         */
+        patch: operations["updateKey"];
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -514,6 +563,23 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ApiKey */
+        ApiKey: {
+            /** Format: uuid */
+            id: string;
+            ownerId: string;
+            name: string;
+            /** @description The key's first characters, to tell keys apart. */
+            prefix: string;
+            policy: components["schemas"]["KeyPolicy"];
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            lastUsedAt: string | null;
+            revokedAt: string | null;
+        };
         /** ApprovalAccepted */
         ApprovalAccepted: {
             /** Format: uuid */
@@ -653,6 +719,17 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        /** CreateKey */
+        CreateKey: {
+            /** @description The owner it acts as. */
+            owner: string;
+            /**
+             * @description A label.
+             * @default
+             */
+            name: string;
+            policy?: components["schemas"]["KeyPolicy"];
+        };
         /**
          * CreateSchedule
          * @description A timetable and the session each of its ticks creates: the session fields are those of
@@ -743,6 +820,25 @@ export interface components {
             /** @description The events to deliver. */
             events: components["schemas"]["WebhookEventType"][];
         };
+        /** CreatedKey */
+        CreatedKey: {
+            /** Format: uuid */
+            id: string;
+            ownerId: string;
+            name: string;
+            /** @description The key's first characters, to tell keys apart. */
+            prefix: string;
+            policy: components["schemas"]["KeyPolicy"];
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            lastUsedAt: string | null;
+            revokedAt: string | null;
+            /** @description The key itself: shown this once, stored only hashed. */
+            key: string;
+        };
         /** CreatedWebhook */
         CreatedWebhook: {
             /** Format: uuid */
@@ -785,6 +881,23 @@ export interface components {
         Health: {
             /** @constant */
             status: "ok";
+        };
+        /** KeyList */
+        KeyList: {
+            keys: components["schemas"]["ApiKey"][];
+        };
+        /**
+         * KeyPolicy
+         * @description What a key may do beyond its owner's defaults (`api_keys.policy`); a field left out
+         *     takes the setting's default.
+         */
+        KeyPolicy: {
+            /** @description The `priority` of the sessions this key creates without one. */
+            priority?: number;
+            /** @description Creates a minute (overrides FERRYMAN_KEY_CREATES_PER_MINUTE). */
+            createsPerMinute?: number;
+            /** @description Messages a minute (overrides FERRYMAN_KEY_MESSAGES_PER_MINUTE). */
+            messagesPerMinute?: number;
         };
         /** Lease */
         Lease: {
@@ -1120,6 +1233,12 @@ export interface components {
             };
             script?: components["schemas"]["ScriptTurn"][];
         };
+        /** UpdateKey */
+        UpdateKey: {
+            name?: string;
+            /** @description Merged into the key's policy: the fields given replace its own, a field given as null goes back to the default. */
+            policy?: components["schemas"]["KeyPolicy"];
+        };
         /**
          * UpdateSchedule
          * @description The fields to change. A session field set to null is cleared (`tools: null`: all tools),
@@ -1285,7 +1404,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "OWNER_QUEUE_FULL" | "RATE_LIMITED" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "KEY_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "OWNER_QUEUE_FULL" | "RATE_LIMITED" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -4895,6 +5014,299 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listKeys: {
+        parameters: {
+            query?: {
+                /** @description Only its keys. */
+                owner?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    createKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateKey"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedKey"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    revokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                key_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    updateKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                key_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateKey"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiKey"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

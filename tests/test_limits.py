@@ -89,6 +89,7 @@ def limited() -> Iterator[tuple[ServerProcess, str]]:
         env = {
             "FERRYMAN_AUTH": "keys",
             "FERRYMAN_OWNER_MAX_QUEUED": "3",
+            "FERRYMAN_OWNER_MAX_RUNNING": "1",
             "FERRYMAN_KEY_CREATES_PER_MINUTE": "1000",
             "FERRYMAN_KEY_MESSAGES_PER_MINUTE": "1000",
             "FERRYMAN_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -245,3 +246,40 @@ async def test_without_an_admin_token_the_keys_api_is_not_there() -> None:
                 assert_problem(await http.get("/api/keys"), 404, "NOT_FOUND")
                 made = await http.post("/api/keys", json={"owner": "someone"})
                 assert_problem(made, 404, "NOT_FOUND")
+
+
+async def test_a_queued_session_says_it_waits_on_its_owners_running_limit(
+    limited: tuple[ServerProcess, str],
+) -> None:
+    """No worker runs here: a session set running by hand stands for one a worker holds. The
+    owner's queued sessions then say why they wait, in a GET and in the list; /metrics, open to
+    tenants' keys, counts the queues without naming owners."""
+    server, url = limited
+    owner, key = make_key(url)
+    async with client(server.url, key) as http:
+        first = (await http.post("/api/agent", json={"prompt": "one"})).json()
+        second = (await http.post("/api/agent", json={"prompt": "two"})).json()
+        assert "waitingFor" not in (await http.get(f"/api/agent/{second['id']}")).json()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE sessions SET status = 'running' WHERE id = %s", (first["id"],))
+        got = (await http.get(f"/api/agent/{second['id']}")).json()
+        assert got["waitingFor"] == {"reason": "ownerRunningLimit", "running": 1, "limit": 1}
+        listed = {s["id"]: s for s in (await http.get("/api/agent")).json()["sessions"]}
+        assert listed[second["id"]]["waitingFor"]["reason"] == "ownerRunningLimit"
+        assert "waitingFor" not in listed[first["id"]]
+        metrics = (await http.get("/metrics")).text
+    assert 'ferryman_owner_queued_sessions{owner="other"}' in metrics
+    assert owner not in metrics
+
+
+async def test_metrics_name_the_owners_with_queues_in_local_mode(server: ServerProcess) -> None:
+    async with client(server.url) as http:
+        await http.post("/api/agent", json={"prompt": "waits: no worker here"})
+        metrics = (await http.get("/metrics")).text
+    depth = next(
+        line
+        for line in metrics.splitlines()
+        if line.startswith('ferryman_owner_queued_sessions{owner="local"}')
+    )
+    assert float(depth.split()[-1]) >= 1
+    assert 'ferryman_owner_queued_oldest_seconds{owner="local"}' in metrics

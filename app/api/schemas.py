@@ -686,6 +686,18 @@ class Session(BaseModel):
     priority: int | None = shown_when_set(
         "Its claim priority: higher first (absent: 0, the default)."
     )
+    waitingFor: WaitingFor | None = shown_when_set(
+        "Why a queued session is not claimed yet, when a limit holds it (absent: none does)."
+    )
+
+
+class WaitingFor(BaseModel):
+    reason: Literal["ownerRunningLimit"] = Field(
+        description="`ownerRunningLimit`: its owner has FERRYMAN_OWNER_MAX_RUNNING sessions"
+        " running (docs/tenants.md)."
+    )
+    running: int
+    limit: int
 
 
 class ScheduleRef(BaseModel):

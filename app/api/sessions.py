@@ -20,6 +20,7 @@ from app.api.definitions import assistant_request_fingerprint, resolve_session
 from app.api.deps import CallerDep, DatabaseDep, Owner, ServicesDep
 from app.api.limits import COUNTS_CREATE, COUNTS_MESSAGE, check_queue
 from app.api.openapi import problems
+from app.db.pool import Connection
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     TERMINAL,
@@ -28,6 +29,7 @@ from app.domain import (
 )
 from app.errors import InvalidPageToken, SessionNotFound
 from app.store import events as event_store
+from app.store import limits as limit_store
 from app.store import sessions as session_store
 from app.store.notify import session_key
 from app.streams.frames import session_envelope
@@ -119,6 +121,24 @@ async def create_session(
     return session_view(row)
 
 
+async def waiting_views(
+    services: ServicesDep, conn: Connection, owner: str, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The rows' views, each queued one with `waitingFor` when its owner is at
+    FERRYMAN_OWNER_MAX_RUNNING: one count, only while that limit is set and a row is queued."""
+    views = [session_view(row) for row in rows]
+    limit = services.settings.owner_max_running
+    if limit is None or not any(row["status"] == Status.QUEUED for row in rows):
+        return views
+    running = await limit_store.owner_running(conn, owner)
+    if running >= limit:
+        waiting = {"reason": "ownerRunningLimit", "running": running, "limit": limit}
+        for view in views:
+            if view["status"] == Status.QUEUED:
+                view["waitingFor"] = waiting
+    return views
+
+
 @router.get(
     "",
     operation_id="listSessions",
@@ -127,7 +147,7 @@ async def create_session(
 )
 async def list_sessions(
     owner: Owner,
-    db: DatabaseDep,
+    services: ServicesDep,
     status_filter: Annotated[
         list[Status] | None, Query(alias="status", description="Repeatable.")
     ] = None,
@@ -145,12 +165,13 @@ async def list_sessions(
 ) -> dict[str, Any]:
     after = decode_page_token(page_token) if page_token else None
     statuses = [str(s) for s in status_filter] if status_filter else None
-    async with db.transaction() as conn:
+    async with services.db.transaction() as conn:
         rows, cursor, next_key = await session_store.list_sessions(
             conn, owner, statuses, limit, after, search
         )
+        views = await waiting_views(services, conn, owner, rows)
     return {
-        "sessions": [session_view(row) for row in rows],
+        "sessions": views,
         "cursor": str(cursor),
         "nextPageToken": encode_page_token(next_key) if next_key else None,
     }
@@ -162,10 +183,11 @@ async def list_sessions(
     response_model=schemas.Session,
     responses=problems(*SESSION_ERRORS),
 )
-async def get_session(session_id: SessionId, owner: Owner, db: DatabaseDep) -> dict[str, Any]:
-    async with db.connection() as conn:
+async def get_session(session_id: SessionId, owner: Owner, services: ServicesDep) -> dict[str, Any]:
+    async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, parse_session_id(session_id))
-    return session_view(row)
+        (view,) = await waiting_views(services, conn, owner, [row])
+    return view
 
 
 @router.patch(

@@ -3,9 +3,14 @@ statement, run only when its limit is set."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.db.pool import Connection
 from app.domain import Status
 from app.store.statements import statement
+
+# The label of the owners past the top ones in /metrics.
+OTHER_OWNERS = "other"
 
 # A fixed one-minute window per subject (a key, or an owner without one) and action: the
 # window's count, and the seconds until the next window opens.
@@ -33,6 +38,44 @@ _QUEUED = statement(
         LIMIT %(limit)s) q
     """,
 )
+
+
+_RUNNING = statement(
+    "owner_running",
+    f"SELECT count(*) AS running FROM sessions WHERE owner_id = %s AND status = '{Status.RUNNING}'",
+)
+# The queue per owner for /metrics: the owners with the most queued sessions, and how long the
+# one queued longest has been so (since its last change), the rest summed up as `other`.
+_QUEUES = statement(
+    "owner_queues_top",
+    f"""
+    WITH q AS (
+        SELECT owner_id, count(*) AS depth,
+               extract(epoch FROM clock_timestamp() - min(updated_at)) AS oldest
+        FROM sessions WHERE status = '{Status.QUEUED}' AND deleted_at IS NULL
+        GROUP BY owner_id
+    ), ranked AS (
+        SELECT q.*, row_number() OVER (ORDER BY depth DESC, owner_id) AS rank FROM q
+    )
+    SELECT CASE WHEN rank <= %(top)s THEN owner_id ELSE '{OTHER_OWNERS}' END AS owner,
+           sum(depth)::bigint AS depth, max(oldest)::float8 AS oldest
+    FROM ranked GROUP BY 1
+    """,
+)
+
+
+async def owner_running(conn: Connection, owner_id: str) -> int:
+    """How many sessions the owner has running."""
+    cur = await conn.execute(_RUNNING, (owner_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["running"])
+
+
+async def owner_queues(conn: Connection, top: int) -> list[dict[str, Any]]:
+    """`{owner, depth, oldest}` of the `top` owners by queued sessions, and OTHER_OWNERS."""
+    cur = await conn.execute(_QUEUES, {"top": top})
+    return await cur.fetchall()
 
 
 async def count_rate(conn: Connection, subject: str, action: str) -> tuple[int, int]:

@@ -570,6 +570,22 @@ SELECT count(*) AS queued FROM (
     WHERE owner_id = %(owner)s AND status = 'queued' AND deleted_at IS NULL
     LIMIT %(limit)s) q;
 
+-- name: owner_queues_top
+WITH q AS (
+    SELECT owner_id, count(*) AS depth,
+           extract(epoch FROM clock_timestamp() - min(updated_at)) AS oldest
+    FROM sessions WHERE status = 'queued' AND deleted_at IS NULL
+    GROUP BY owner_id
+), ranked AS (
+    SELECT q.*, row_number() OVER (ORDER BY depth DESC, owner_id) AS rank FROM q
+)
+SELECT CASE WHEN rank <= %(top)s THEN owner_id ELSE 'other' END AS owner,
+       sum(depth)::bigint AS depth, max(oldest)::float8 AS oldest
+FROM ranked GROUP BY 1;
+
+-- name: owner_running
+SELECT count(*) AS running FROM sessions WHERE owner_id = %s AND status = 'running';
+
 -- name: parent_for_answer
 SELECT p.id, p.status, (
     SELECT e.data->>'text' FROM session_events e

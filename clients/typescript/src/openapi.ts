@@ -1150,6 +1150,8 @@ export interface components {
             schedule?: components["schemas"]["ScheduleRef"] | null;
             /** @description Its claim priority: higher first (absent: 0, the default). */
             priority?: number | null;
+            /** @description Why a queued session is not claimed yet, when a limit holds it (absent: none does). */
+            waitingFor?: components["schemas"]["WaitingFor"] | null;
         };
         /** SessionList */
         SessionList: {
@@ -1302,6 +1304,16 @@ export interface components {
             inputTokens: number;
             outputTokens: number;
             cachedTokens: number;
+        };
+        /** WaitingFor */
+        WaitingFor: {
+            /**
+             * @description `ownerRunningLimit`: its owner has FERRYMAN_OWNER_MAX_RUNNING sessions running (docs/tenants.md).
+             * @constant
+             */
+            reason: "ownerRunningLimit";
+            running: number;
+            limit: number;
         };
         /** Webhook */
         Webhook: {

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         ToolInfo,
         Transcript,
         Usage,
+        WaitingFor,
     )
     from ferryman.sdk import AsyncFerryman, Ferryman, RawFerryman
 
@@ -106,6 +107,7 @@ _MODELS = (
     "ToolInfo",
     "Transcript",
     "Usage",
+    "WaitingFor",
 )
 _LAZY = {
     **dict.fromkeys(_ERRORS, "ferryman.errors"),
@@ -174,4 +176,5 @@ __all__ = [
     "UnprocessableEntityError",
     "UnsupportedMediaTypeError",
     "Usage",
+    "WaitingFor",
 ]

@@ -19,10 +19,12 @@ from app.store.keys import hash_key, new_key
 from tests.support import (
     QUEUE,
     ServerProcess,
+    WorkerProcess,
     assert_problem,
     client,
     fresh_database,
     running,
+    stop_all,
 )
 
 
@@ -283,3 +285,50 @@ async def test_metrics_name_the_owners_with_queues_in_local_mode(server: ServerP
     )
     assert float(depth.split()[-1]) >= 1
     assert 'ferryman_owner_queued_oldest_seconds{owner="local"}' in metrics
+
+
+def test_workers_hold_each_owner_to_its_running_limit() -> None:
+    """Two worker processes of 4 slots, FERRYMAN_OWNER_MAX_RUNNING=2: owner a queues 6 slow
+    sessions, then b queues 2. From the runs' own start and end events, a never has more than
+    2 running at once, and b's start before a's backlog is through, though slots were free."""
+    script = Jsonb([{"text": "done", "delayMs": 600}])
+    queue = (
+        "WITH s AS (INSERT INTO sessions (id, owner_id, title, status, model, prompt, script,"
+        " last_seq) SELECT gen_random_uuid(), %s, %s || n, 'queued', 'scripted', 'go', %s, 1"
+        " FROM generate_series(1, %s) AS n RETURNING id)"
+        " INSERT INTO session_events (session_id, seq, attempt, type, data)"
+        ' SELECT id, 1, 0, \'user_message\', \'{"text": "go", "delivery": "queued"}\' FROM s'
+    )
+    with (
+        fresh_database("ferryman_limit_workers") as url,
+        psycopg.connect(url, autocommit=True) as c,
+    ):
+        c.execute(queue, ("a", "a", script, 6))
+        c.execute(queue, ("b", "b", script, 2))
+        env = {"FERRYMAN_OWNER_MAX_RUNNING": "2", "FERRYMAN_LOG_LEVEL": "warning"}
+        workers = [WorkerProcess(url, env=env, concurrency=4).start() for _ in range(2)]
+        deadline = time.monotonic() + 90
+        left = "SELECT count(*) FROM sessions WHERE status <> 'succeeded'"
+        try:
+            while c.execute(left).fetchone() != (0,):
+                assert time.monotonic() < deadline, c.execute(left).fetchone()
+                time.sleep(0.1)
+        finally:
+            stop_all(workers)
+        spans = c.execute(
+            "SELECT s.owner_id, min(e.created_at) FILTER (WHERE e.type = 'session_start'),"
+            " max(e.created_at) FILTER (WHERE e.type = 'session_end')"
+            " FROM sessions s JOIN session_events e ON e.session_id = s.id GROUP BY s.id"
+        ).fetchall()
+    for owner in ("a", "b"):
+        edges = sorted(
+            [(start, 1) for o, start, _ in spans if o == owner]
+            + [(end, -1) for o, _, end in spans if o == owner]
+        )
+        at_once = most = 0
+        for _, step in edges:
+            at_once += step
+            most = max(most, at_once)
+        assert most <= 2, (owner, most)
+    last_a_start = max(start for o, start, _ in spans if o == "a")
+    assert all(start < last_a_start for o, start, _ in spans if o == "b")

@@ -98,4 +98,5 @@ async def child_session(
         parent_session_id=parent["id"],
         parent_tool_call_id=call_id,
         depth=int(parent["depth"]) + 1,
+        priority=int(parent.get("priority") or 0),  # a child runs at its parent's priority
     )

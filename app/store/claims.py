@@ -34,8 +34,8 @@ from app.store.statements import statement
 # Rows a statement inserts are invisible to its own reads, so the head gets that event appended,
 # when the head reaches the event before it (else the run reads its log, which then has it).
 _CLAIM = f"""
-    WITH candidate AS (
-        SELECT s.id FROM sessions s
+    WITH {{running}}candidate AS (
+        SELECT s.id{{candidate_columns}} FROM sessions s
         WHERE EXISTS (SELECT 1 FROM workers me
                       WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
           AND s.id <> ALL(%(busy)s::uuid[])
@@ -49,7 +49,7 @@ _CLAIM = f"""
         ORDER BY s.priority DESC, s.claim_key
         LIMIT %(limit)s
         FOR UPDATE OF s SKIP LOCKED
-    ), claimed AS (
+    ), {{picked}}claimed AS (
         UPDATE sessions s SET
             status = 'running', attempt = s.attempt + 1,
             resumes = s.resumes + (s.status = 'running')::integer,
@@ -57,7 +57,7 @@ _CLAIM = f"""
             lease_worker_id = %(worker)s, lease_pid = %(pid)s,
             lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
             updated_at = clock_timestamp()
-        FROM candidate WHERE s.id = candidate.id
+        FROM {{source}} c WHERE s.id = c.id
         RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}, s.claim_key
     ), started AS (
         INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -94,21 +94,51 @@ _CLAIM = f"""
         WHERE e.upto <= %(head_bytes)s) h
     ORDER BY s.priority DESC, s.claim_key
 """
-CLAIM_SQL = statement("claim", _CLAIM.replace("{owner_limit}", ""))
+CLAIM_SQL = statement(
+    "claim",
+    _CLAIM.replace("{running}", "")
+    .replace("{candidate_columns}", "")
+    .replace("{owner_limit}", "")
+    .replace("{picked}", "")
+    .replace("{source}", "candidate"),
+)
 # With FERRYMAN_OWNER_MAX_RUNNING: a queued session of an owner that has that many running is
 # passed over (the scan goes on to other owners' sessions; a takeover of a running one is not
-# held back). Counted with `sessions_owner_active`. Run under CLAIM_LOCK, one session a
-# statement (`claim`), so that no two claims count the same owner's sessions at once.
+# held back). The running sessions are counted once a statement (`running`: as many as the
+# workers' slots), whatever plan reads the queued ones. Of the candidates, an owner's queued
+# ones are taken only as far as its free places go (`picked`), so one batch never takes more
+# than an owner's limit. Run under CLAIM_LOCK, in a transaction whose statement before took
+# it (so this one's snapshot sees every claim before it): no two claims count the same
+# owner's sessions at once.
 CLAIM_LIMITED_SQL = statement(
     "claim_owner_limited",
     _CLAIM.replace(
+        "{running}",
+        f"""running AS (
+        SELECT r.owner_id, count(*) AS running FROM sessions r
+        WHERE r.status = '{Status.RUNNING}' GROUP BY r.owner_id
+    ), """,
+    )
+    .replace("{candidate_columns}", ", s.owner_id, s.status, s.priority, s.claim_key")
+    .replace(
         "{owner_limit}",
         f"""
-          AND (s.status <> '{Status.QUEUED}' OR (
-                SELECT count(*) FROM sessions r
-                WHERE r.owner_id = s.owner_id AND r.status = '{Status.RUNNING}'
-              ) < %(max_running)s)""",
-    ),
+          AND (s.status <> '{Status.QUEUED}' OR s.owner_id NOT IN (
+                SELECT owner_id FROM running WHERE running >= %(max_running)s))""",
+    )
+    .replace(
+        "{picked}",
+        f"""picked AS (
+        SELECT c.id FROM (
+            SELECT c.id, c.status, coalesce(r.running, 0) + count(*)
+                       FILTER (WHERE c.status = '{Status.QUEUED}')
+                       OVER (PARTITION BY c.owner_id ORDER BY c.priority DESC, c.claim_key
+                             ROWS UNBOUNDED PRECEDING) AS place
+            FROM candidate c LEFT JOIN running r ON r.owner_id = c.owner_id) c
+        WHERE c.status <> '{Status.QUEUED}' OR c.place <= %(max_running)s
+    ), """,
+    )
+    .replace("{source}", "picked"),
 )
 # The claims with an owner limit take turns across all workers: a transaction's lock.
 CLAIM_LOCK = statement("claim_lock", "SELECT pg_advisory_xact_lock(7465726430)")
@@ -172,21 +202,16 @@ async def claim(
 
     `max_running` (FERRYMAN_OWNER_MAX_RUNNING): no queued session is claimed of an owner that
     has this many running. Such claims take turns across workers (CLAIM_LOCK, held by one
-    transaction, in which each statement sees what the claims before it did), one session a
-    statement, so two claims never both take an owner's last free place."""
+    transaction, whose claim statement sees what the claims before it did), so two claims
+    never both take an owner's last free place, and one claim takes no more than the places
+    an owner has free."""
     params = claim_params(worker_id, pid, ttl, busy, limit, tools)
     if max_running is None:
         cur = await conn.execute(CLAIM_SQL, params)
         return await cur.fetchall()
-    rows: list[dict[str, Any]] = []
-    async with conn.transaction():
+    # Pipelined: the lock and the claim go in one round trip, so the lock is held for as
+    # short a time as can be.
+    async with conn.pipeline(), conn.transaction():
         await conn.execute(CLAIM_LOCK)
-        for _ in range(limit):
-            cur = await conn.execute(
-                CLAIM_LIMITED_SQL, {**params, "limit": 1, "max_running": max_running}
-            )
-            got = await cur.fetchall()
-            if not got:
-                break
-            rows += got
-    return rows
+        cur = await conn.execute(CLAIM_LIMITED_SQL, {**params, "max_running": max_running})
+    return await cur.fetchall()

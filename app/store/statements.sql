@@ -87,7 +87,7 @@ WITH candidate AS (
         lease_worker_id = %(worker)s, lease_pid = %(pid)s,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
-    FROM candidate WHERE s.id = candidate.id
+    FROM candidate c WHERE s.id = c.id
     RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.priority, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -137,16 +137,17 @@ ORDER BY s.priority DESC, s.claim_key;
 SELECT pg_advisory_xact_lock(7465726430);
 
 -- name: claim_owner_limited
-WITH candidate AS (
-    SELECT s.id FROM sessions s
+WITH running AS (
+    SELECT r.owner_id, count(*) AS running FROM sessions r
+    WHERE r.status = 'running' GROUP BY r.owner_id
+), candidate AS (
+    SELECT s.id, s.owner_id, s.status, s.priority, s.claim_key FROM sessions s
     WHERE EXISTS (SELECT 1 FROM workers me
                   WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
       AND s.id <> ALL(%(busy)s::uuid[])
       AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
-      AND (s.status <> 'queued' OR (
-            SELECT count(*) FROM sessions r
-            WHERE r.owner_id = s.owner_id AND r.status = 'running'
-          ) < %(max_running)s)
+      AND (s.status <> 'queued' OR s.owner_id NOT IN (
+            SELECT owner_id FROM running WHERE running >= %(max_running)s))
       AND ((s.status = 'queued' AND s.deleted_at IS NULL)
        OR (s.status = 'running' AND (
             s.lease_worker_id IS NULL
@@ -156,6 +157,14 @@ WITH candidate AS (
     ORDER BY s.priority DESC, s.claim_key
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
+), picked AS (
+    SELECT c.id FROM (
+        SELECT c.id, c.status, coalesce(r.running, 0) + count(*)
+                   FILTER (WHERE c.status = 'queued')
+                   OVER (PARTITION BY c.owner_id ORDER BY c.priority DESC, c.claim_key
+                         ROWS UNBOUNDED PRECEDING) AS place
+        FROM candidate c LEFT JOIN running r ON r.owner_id = c.owner_id) c
+    WHERE c.status <> 'queued' OR c.place <= %(max_running)s
 ), claimed AS (
     UPDATE sessions s SET
         status = 'running', attempt = s.attempt + 1,
@@ -164,7 +173,7 @@ WITH candidate AS (
         lease_worker_id = %(worker)s, lease_pid = %(pid)s,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
-    FROM candidate WHERE s.id = candidate.id
+    FROM picked c WHERE s.id = c.id
     RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.priority, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.store.claims import CLAIM_SQL, claim_params
+from app.store.claims import CLAIM_LIMITED_SQL, CLAIM_SQL, claim_params
 from app.store.notify import STREAMS_CHANNEL
 from tests.support import QUEUE, fresh_database
 
@@ -41,9 +41,15 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-def test_the_claim_uses_the_claimable_index(crowded: str) -> None:
+@pytest.mark.parametrize("limited", [False, True], ids=["claim", "owner-limited claim"])
+def test_the_claim_uses_the_claimable_index(crowded: str, limited: bool) -> None:
+    query, params = (
+        (CLAIM_LIMITED_SQL, {**CLAIM_PARAMS, "max_running": 2})
+        if limited
+        else (CLAIM_SQL, CLAIM_PARAMS)
+    )
     with psycopg.connect(crowded, autocommit=True) as conn:
-        (raw,) = conn.execute("EXPLAIN (FORMAT JSON) " + CLAIM_SQL, CLAIM_PARAMS).fetchone()  # type: ignore[misc]
+        (raw,) = conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()  # type: ignore[misc]
     plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
     scans = [
         (node["Node Type"], node.get("Index Name"))

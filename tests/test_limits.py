@@ -332,3 +332,14 @@ def test_workers_hold_each_owner_to_its_running_limit() -> None:
         assert most <= 2, (owner, most)
     last_a_start = max(start for o, start, _ in spans if o == "a")
     assert all(start < last_a_start for o, start, _ in spans if o == "b")
+
+
+async def test_protocol_threads_take_their_keys_priority(
+    limited: tuple[ServerProcess, str],
+) -> None:
+    server, url = limited
+    _, key = make_key(url, {"priority": 6})
+    async with client(server.url, key) as http:
+        thread = (await http.post("/agent-protocol/threads", json={})).json()
+        session = (await http.get(f"/api/agent/{thread['thread_id']}")).json()
+        assert session["priority"] == 6

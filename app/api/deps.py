@@ -133,3 +133,16 @@ async def current_stream_owner(caller: StreamCaller) -> str:
 Owner = Annotated[str, Depends(current_owner)]
 ProtocolOwner = Annotated[str, Depends(current_protocol_owner)]
 StreamOwner = Annotated[str, Depends(current_stream_owner)]
+
+
+async def _caller_priority(caller: CallerDep) -> int:
+    return int(caller.policy.get("priority", 0))
+
+
+async def _protocol_priority(caller: ProtocolCaller) -> int:
+    return int(caller.policy.get("priority", 0))
+
+
+# The priority of the sessions a caller creates without one: its key's policy's, else 0.
+CallerPriority = Annotated[int, Depends(_caller_priority)]
+ProtocolPriority = Annotated[int, Depends(_protocol_priority)]

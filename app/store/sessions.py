@@ -83,8 +83,10 @@ _CREATE_IDLE_SESSION = statement(
     "create_idle_session",
     f"""
     WITH s AS (
-        INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
-        VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}')
+        INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
+                              priority)
+        VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}',
+                %(priority)s)
         ON CONFLICT (id) DO NOTHING
         RETURNING {SESSION_COLUMNS}
     ), {
@@ -346,6 +348,7 @@ async def create_idle_session(
     title: str,
     model: str,
     metadata: dict[str, Any],
+    priority: int = 0,
 ) -> dict[str, Any] | None:
     """An idle session with no event (its definition comes with its first run) and its
     `session_created`, in one statement; None when a session with this id exists."""
@@ -358,6 +361,7 @@ async def create_idle_session(
         "prompt": "",
         "metadata": metadata,
         "model_settings": {},
+        "priority": priority,
     }
     cur = await conn.execute(
         _CREATE_IDLE_SESSION,
@@ -367,6 +371,7 @@ async def create_idle_session(
             "title": title,
             "model": model,
             "metadata": Jsonb(metadata),
+            "priority": priority,
             "view": Jsonb(session_view(_new_row(written))),
         },
     )

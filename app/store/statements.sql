@@ -269,8 +269,10 @@ WHERE sessions.id = %(session_id)s;
 
 -- name: create_idle_session
 WITH s AS (
-    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings)
-    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}')
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
+                          priority)
+    VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}',
+            %(priority)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,

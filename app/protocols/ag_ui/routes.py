@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import Owner, ServicesDep
+from app.api.deps import CallerPriority, Owner, ServicesDep
 from app.api.limits import COUNTS_AG_UI_RUN
 from app.api.streams import _direct_writes, _sse
 from app.protocols.ag_ui import service
@@ -20,23 +20,29 @@ router = PrefixRouter(prefix=service.PREFIX, tags=["ag-ui"])
 
 
 async def _run(
-    services: Services, owner: str, assistant_id: str, body: RunAgentInput
+    services: Services, owner: str, assistant_id: str, body: RunAgentInput, priority: int
 ) -> StreamingResponse:
-    row, run, snapshot = await service.start(services, owner, assistant_id, body)
+    row, run, snapshot = await service.start(services, owner, assistant_id, body, priority)
     stream = AgUiStream(row, run, body.threadId, body.runId, snapshot)
     direct = _direct_writes(services)
     return _sse(services, owner, run_events(services, row, stream, direct), direct)
 
 
 @router.post("/agent", dependencies=[COUNTS_AG_UI_RUN])
-async def run_agent(body: RunAgentInput, owner: Owner, services: ServicesDep) -> StreamingResponse:
+async def run_agent(
+    body: RunAgentInput, owner: Owner, priority: CallerPriority, services: ServicesDep
+) -> StreamingResponse:
     """A run of the definition in `forwardedProps.ferryman` (the defaults without one)."""
-    return await _run(services, owner, GRAPH_ID, body)
+    return await _run(services, owner, GRAPH_ID, body, priority)
 
 
 @router.post("/assistants/{assistant_id}", dependencies=[COUNTS_AG_UI_RUN])
 async def run_assistant(
-    assistant_id: str, body: RunAgentInput, owner: Owner, services: ServicesDep
+    assistant_id: str,
+    body: RunAgentInput,
+    owner: Owner,
+    priority: CallerPriority,
+    services: ServicesDep,
 ) -> StreamingResponse:
     """A run of a stored assistant (its latest version pinned on the thread's first run)."""
-    return await _run(services, owner, assistant_id, body)
+    return await _run(services, owner, assistant_id, body, priority)

@@ -32,7 +32,9 @@ DEFINITION_KEY = "ferryman"
 DECLINED = "(the user declined to answer)"
 
 
-async def thread_of(services: Services, owner: str, assistant_id: str, body: RunAgentInput) -> UUID:
+async def thread_of(
+    services: Services, owner: str, assistant_id: str, body: RunAgentInput, priority: int = 0
+) -> UUID:
     """The caller's session `body.threadId`, made idle on first use once the definition the
     run gives checks out (so a refused first run leaves no session behind, and the same id
     works when the client tries again). SessionNotFound for an id that is not a UUID; another
@@ -44,7 +46,9 @@ async def thread_of(services: Services, owner: str, assistant_id: str, body: Run
     await agent_service.definition_of(services, owner, _run_create(assistant_id, body))
     async with services.db.connection() as conn:
         # None: a concurrent first run made it; whose it is, start_run reads.
-        await agent_service.create_idle_thread(conn, owner, services, sid, {"protocol": "ag-ui"})
+        await agent_service.create_idle_thread(
+            conn, owner, services, sid, {"protocol": "ag-ui"}, priority
+        )
     return sid
 
 
@@ -172,12 +176,12 @@ def lacks_history(state: AgUiFold, body: RunAgentInput) -> bool:
 
 
 async def start(
-    services: Services, owner: str, assistant_id: str, body: RunAgentInput
+    services: Services, owner: str, assistant_id: str, body: RunAgentInput, priority: int = 0
 ) -> tuple[dict[str, Any], fold.Run, bool]:
     """Start the run `body` asks for on its thread: its new user messages and its resume
     entries written as the run's first events (a thread with a run in progress: THREAD_BUSY);
     and whether its stream sends the thread's history (`lacks_history`)."""
-    sid = await thread_of(services, owner, assistant_id, body)
+    sid = await thread_of(services, owner, assistant_id, body, priority)
     row, state = await thread_fold(services, owner, sid)
     new = new_user_messages(state, body.messages)
     tools, posts = tool_results(state, body.messages)

@@ -14,7 +14,7 @@ from uuid import UUID, uuid4
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import ProtocolOwner, ServicesDep
+from app.api.deps import ProtocolOwner, ProtocolPriority, ServicesDep
 from app.api.limits import COUNTS_PROTOCOL_CREATE, COUNTS_PROTOCOL_RUN
 from app.api.streams import EventStreamResponse
 from app.db.pool import UNAVAILABLE_ERRORS
@@ -46,34 +46,36 @@ def _run_path(thread_id: str, run_id: str) -> str:
     return f"/threads/{thread_id}/runs/{run_id}"
 
 
-async def _thread_for_run(services: Services, owner: str, thread_id: str, body: RunCreate) -> UUID:
+async def _thread_for_run(
+    services: Services, owner: str, thread_id: str, body: RunCreate, priority: int
+) -> UUID:
     """The run's thread; with `if_not_exists: create`, made when missing."""
     sid = service.parse_thread_id(thread_id)
     if body.if_not_exists != "create":
         return sid
     async with services.db.connection() as conn:
-        await service.create_idle_thread(conn, owner, services, sid, {})  # None: it exists
+        await service.create_idle_thread(conn, owner, services, sid, {}, priority)  # None: exists
     return sid
 
 
 async def _start(
-    services: Services, owner: str, thread_id: str, body: RunCreate
+    services: Services, owner: str, thread_id: str, body: RunCreate, priority: int
 ) -> tuple[dict[str, Any], fold.Run]:
     service.check_served(body, stateless=False)
-    sid = await _thread_for_run(services, owner, thread_id, body)
+    sid = await _thread_for_run(services, owner, thread_id, body, priority)
     await service.check_checkpoint(services, owner, sid, body)
     return await service.start_run(services, owner, sid, body)
 
 
 async def _start_stateless(
-    services: Services, owner: str, body: RunCreate
+    services: Services, owner: str, body: RunCreate, priority: int
 ) -> tuple[dict[str, Any], fold.Run]:
     """A run on a thread of its own, whose metadata says whether it outlives the run."""
     service.check_served(body, stateless=True)
     sid = uuid4()
     metadata = service.stateless_metadata(body.on_completion)
     async with services.db.connection() as conn:
-        await service.create_idle_thread(conn, owner, services, sid, metadata)
+        await service.create_idle_thread(conn, owner, services, sid, metadata, priority)
     try:
         return await service.start_run(services, owner, sid, body)
     except Exception:
@@ -157,10 +159,11 @@ async def create_run(
     thread_id: str,
     body: RunCreate,
     owner: ProtocolOwner,
+    priority: ProtocolPriority,
     services: ServicesDep,
     response: Response,
 ) -> dict[str, Any]:
-    row, run = await _start(services, owner, thread_id, body)
+    row, run = await _start(services, owner, thread_id, body, priority)
     _located(response, row, run)
     return service.run_view(row, run, body.assistant_id)
 
@@ -171,9 +174,13 @@ async def create_run(
     dependencies=[COUNTS_PROTOCOL_RUN],
 )
 async def create_run_stream(
-    thread_id: str, body: RunCreate, owner: ProtocolOwner, services: ServicesDep
+    thread_id: str,
+    body: RunCreate,
+    owner: ProtocolOwner,
+    priority: ProtocolPriority,
+    services: ServicesDep,
 ) -> StreamingResponse:
-    row, run = await _start(services, owner, thread_id, body)
+    row, run = await _start(services, owner, thread_id, body, priority)
     cancel = body.on_disconnect == "cancel"
     return _stream(services, owner, row, run, body.modes(), None, cancel)
 
@@ -183,10 +190,11 @@ async def create_run_wait(
     thread_id: str,
     body: RunCreate,
     owner: ProtocolOwner,
+    priority: ProtocolPriority,
     services: ServicesDep,
     response: Response,
 ) -> Any:
-    row, run = await _start(services, owner, thread_id, body)
+    row, run = await _start(services, owner, thread_id, body, priority)
     _located(response, row, run)
     return await _final_values(services, owner, row["id"], run)
 
@@ -276,10 +284,11 @@ async def join_run_stream(
 async def create_stateless_run(
     body: RunCreate,
     owner: ProtocolOwner,
+    priority: ProtocolPriority,
     services: ServicesDep,
     response: Response,
 ) -> dict[str, Any]:
-    row, run = await _start_stateless(services, owner, body)
+    row, run = await _start_stateless(services, owner, body, priority)
     if _deletes(body):
         _delete_after(services, owner, row["id"])
     _located(response, row, run)
@@ -290,9 +299,9 @@ async def create_stateless_run(
     "/runs/stream", response_class=StreamingResponse, dependencies=[COUNTS_PROTOCOL_CREATE]
 )
 async def create_stateless_run_stream(
-    body: RunCreate, owner: ProtocolOwner, services: ServicesDep
+    body: RunCreate, owner: ProtocolOwner, priority: ProtocolPriority, services: ServicesDep
 ) -> StreamingResponse:
-    row, run = await _start_stateless(services, owner, body)
+    row, run = await _start_stateless(services, owner, body, priority)
     cancel = body.on_disconnect == "cancel"
     # Once the stream is done (its reader could still be reading the thread before).
     released = (lambda: _delete_after(services, owner, row["id"])) if _deletes(body) else None
@@ -303,10 +312,11 @@ async def create_stateless_run_stream(
 async def create_stateless_run_wait(
     body: RunCreate,
     owner: ProtocolOwner,
+    priority: ProtocolPriority,
     services: ServicesDep,
     response: Response,
 ) -> Any:
-    row, run = await _start_stateless(services, owner, body)
+    row, run = await _start_stateless(services, owner, body, priority)
     _located(response, row, run)
     if not _deletes(body):
         return await _final_values(services, owner, row["id"], run)

@@ -219,12 +219,23 @@ def history(
 
 
 async def create_idle_thread(
-    conn: Connection, owner: str, services: Services, sid: UUID, metadata: dict[str, Any]
+    conn: Connection,
+    owner: str,
+    services: Services,
+    sid: UUID,
+    metadata: dict[str, Any],
+    priority: int = 0,
 ) -> dict[str, Any] | None:
-    """A new idle session (no event until its first run) with the id `sid`; None when a
-    session with that id exists, whoever's it is."""
+    """A new idle session (no event until its first run) with the id `sid`, at `priority`
+    (its key's policy's); None when a session with that id exists, whoever's it is."""
     return await session_store.create_idle_session(
-        conn, owner, sid, "New thread", services.settings.model, {**metadata, "graph_id": GRAPH_ID}
+        conn,
+        owner,
+        sid,
+        "New thread",
+        services.settings.model,
+        {**metadata, "graph_id": GRAPH_ID},
+        priority,
     )
 
 

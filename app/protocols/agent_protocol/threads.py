@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 from fastapi import APIRouter, Query, Response, status
 
 from app.api import sessions as native_sessions
-from app.api.deps import ProtocolOwner, ServicesDep
+from app.api.deps import ProtocolOwner, ProtocolPriority, ServicesDep
 from app.api.limits import COUNTS_PROTOCOL_THREAD
 from app.errors import InputNotSupported, NotServed, ThreadExists
 from app.protocols.agent_protocol import fold, service
@@ -29,14 +29,20 @@ router = APIRouter(tags=["agent-protocol"])
 
 @router.post("/threads", dependencies=[COUNTS_PROTOCOL_THREAD])
 async def create_thread(
-    body: ThreadCreate, owner: ProtocolOwner, services: ServicesDep, response: Response
+    body: ThreadCreate,
+    owner: ProtocolOwner,
+    priority: ProtocolPriority,
+    services: ServicesDep,
+    response: Response,
 ) -> dict[str, Any]:
     """An idle session: no event until its first run's message."""
     if body.supersteps:
         raise NotServed("threads.create with supersteps: Ferryman's state has no nodes to update")
     wanted = _new_thread_id(body.thread_id)
     async with services.db.connection() as conn:
-        row = await service.create_idle_thread(conn, owner, services, wanted, body.metadata or {})
+        row = await service.create_idle_thread(
+            conn, owner, services, wanted, body.metadata or {}, priority
+        )
         if row is None:
             existing = await session_store.session_row(conn, wanted)
             if existing is not None and _reusable(existing, owner, body):

@@ -180,6 +180,16 @@ class Settings(BaseSettings):
     model_tool_result_max_chars: int = Field(default=50_000, ge=1000)
     # A session this many delegations deep is offered no delegates (docs/delegation.md).
     max_agent_depth: int = Field(default=3, ge=0, le=32)
+    # Per owner and per key (docs/tenants.md "Limits"; unset: no limit, and no cost): the
+    # sessions an owner may have running (workers claim no more of its sessions) and queued
+    # (a create or message that would queue more: 429 OWNER_QUEUE_FULL); the creates and the
+    # messages a key may send a minute (429 RATE_LIMITED; a key's policy may set its own).
+    owner_max_running: int | None = Field(default=None, ge=1)
+    owner_max_queued: int | None = Field(default=None, ge=1)
+    key_creates_per_minute: int | None = Field(default=None, ge=1)
+    key_messages_per_minute: int | None = Field(default=None, ge=1)
+    # The keys API (/api/keys, docs/tenants.md): unset, it answers 404.
+    admin_token: SecretStr | None = None
 
     # Local mode answers only local pages: loopback Host names, and these extra ones (a name
     # in /etc/hosts that points to 127.0.0.1, say), comma-separated.

@@ -65,6 +65,9 @@ MAX_SCHEDULES_PER_OWNER = 100
 # Firings each schedule keeps (and shows as `lastFirings`), newest first.
 MAX_SCHEDULE_FIRINGS = 10
 DEFAULT_TITLE_CHARS = 80
+# A session's claim priority (`priority`, higher first; the column's check in migration 0022).
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
 # Events a fork copies (its `atSeq`): the copy is one statement, about 8 to 35 µs an event
 # (docs/performance.md), kept well inside FERRYMAN_DB_STATEMENT_TIMEOUT's default.
 MAX_FORK_EVENTS = 100_000
@@ -250,6 +253,8 @@ def session_view(row: dict[str, Any]) -> dict[str, Any]:
             "sessionId": str(row["parent_session_id"]),
             "toolCallId": row["parent_tool_call_id"],
         }
+    if row.get("priority"):  # shown when not the default 0
+        view["priority"] = row["priority"]
     return view
 
 

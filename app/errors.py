@@ -25,6 +25,7 @@ class ProblemCode(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
     ASSISTANT_NOT_FOUND = "ASSISTANT_NOT_FOUND"
+    KEY_NOT_FOUND = "KEY_NOT_FOUND"
     ASSISTANT_LIMIT_REACHED = "ASSISTANT_LIMIT_REACHED"
     SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
     SCHEDULE_LIMIT_REACHED = "SCHEDULE_LIMIT_REACHED"
@@ -52,6 +53,8 @@ class ProblemCode(StrEnum):
     HOST_NOT_ALLOWED = "HOST_NOT_ALLOWED"
     VALIDATION_ERROR = "VALIDATION_ERROR"
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    OWNER_QUEUE_FULL = "OWNER_QUEUE_FULL"
+    RATE_LIMITED = "RATE_LIMITED"
     HTTP_ERROR = "HTTP_ERROR"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
@@ -93,6 +96,13 @@ class AssistantNotFound(NotFound):
 
     def __init__(self, detail: str = "no such assistant") -> None:
         super().__init__(detail)
+
+
+class KeyNotFound(NotFound):
+    code = ProblemCode.KEY_NOT_FOUND
+
+    def __init__(self) -> None:
+        super().__init__("no such key, or it is revoked")
 
 
 class AssistantLimitReached(FerrymanError):
@@ -303,6 +313,42 @@ class TooManyStreams(FerrymanError):
         super().__init__(
             f"this owner already has {limit} open streams on this server"
             " (FERRYMAN_MAX_STREAMS_PER_OWNER); close one, then retry",
+            limit=limit,
+        )
+
+
+class LimitReached(FerrymanError):
+    """A limit of docs/tenants.md refused the request: 429 with `Retry-After`."""
+
+    status, code, title = 429, ProblemCode.RATE_LIMITED, "Too Many Requests"
+
+    def __init__(self, detail: str, retry_after: int, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after = retry_after
+
+
+class OwnerQueueFull(LimitReached):
+    code = ProblemCode.OWNER_QUEUE_FULL
+
+    # A queued session waits for a worker: its owner's queue seldom moves within a second.
+    RETRY_AFTER = 5
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"this owner already has {limit} sessions queued (FERRYMAN_OWNER_MAX_QUEUED);"
+            " retry when some have started",
+            self.RETRY_AFTER,
+            limit=limit,
+        )
+
+
+class RateLimited(LimitReached):
+    code = ProblemCode.RATE_LIMITED
+
+    def __init__(self, action: str, limit: int, retry_after: int) -> None:
+        super().__init__(
+            f"this key may send {limit} {action} a minute; retry in {retry_after} s",
+            retry_after,
             limit=limit,
         )
 

@@ -29,6 +29,7 @@ from app.api import (
     streams,
     tools,
 )
+from app.api import keys as keys_api
 from app.api import webhooks as webhook_api
 from app.api.middleware import BodyLimit, LocalOnly, RequestMetrics, ServerSend
 from app.config import Settings, get_settings
@@ -143,6 +144,7 @@ def create_app(
     app.include_router(assistants.router)
     app.include_router(schedules.router)
     app.include_router(webhook_api.router)
+    app.include_router(keys_api.router)
     app.include_router(ops.router)
 
     web.install(app)

@@ -168,6 +168,19 @@ SETTINGS: dict[str, str] = {
     " with a marker; the log keeps it whole (docs/compaction.md).",
     "max_agent_depth": "A delegate's child this many delegations below the session a person"
     " made is offered no delegate tools: chains of agents stop there (docs/delegation.md).",
+    "owner_max_running": "Sessions an owner may have running: workers claim no more of its"
+    " queued ones until one ends, and claim other owners' meanwhile (docs/tenants.md). Unset:"
+    " no limit.",
+    "owner_max_queued": "Sessions an owner may have queued: a create or message (or protocol"
+    " run) that would queue one more is 429 `OWNER_QUEUE_FULL`. Unset: no limit.",
+    "key_creates_per_minute": "Creates a key may make a minute (native creates, Agent Protocol"
+    " threads and stateless runs): 429 `RATE_LIMITED` beyond; a key's policy"
+    " `createsPerMinute` overrides it. Unset: no limit.",
+    "key_messages_per_minute": "Messages a key may send a minute (native messages, Agent"
+    " Protocol runs on a thread, AG-UI runs): 429 `RATE_LIMITED` beyond; a key's policy"
+    " `messagesPerMinute` overrides it. Unset: no limit.",
+    "admin_token": "The bearer token of the keys API (`/api/keys`, docs/tenants.md); unset,"
+    " that API answers 404.",
     "local_hosts": "More `Host` names local mode answers (names of this machine), comma-separated.",
     "cors_origins": "Origins (`https://app.example.com`) whose browser pages may call the API"
     " (CORS), comma-separated; `*` for any. Keys travel in headers, never cookies.",
@@ -233,6 +246,8 @@ NAMED_LIMITS: dict[str, str] = {
     "MAX_MESSAGE_CHARS": "A message's `text`, an approval's `reason`, a scripted turn's"
     " `text`, in characters.",
     "MAX_TITLE_CHARS": "A session's `title`, in characters.",
+    "MAX_PRIORITY": "A session's `priority` (and a key's policy's), from -100 to this.",
+    "MAX_SCOPE_ENTRIES": "Entries in each of a key policy's `tools`, `models` and `approverFor`.",
     "MAX_FORK_EVENTS": "Events a fork copies: its `atSeq` (docs/fork.md).",
     "MAX_DELEGATES": "Assistants in one session's or assistant's `delegates` (docs/delegation.md).",
     "MAX_METADATA_BYTES": "A session's `metadata` (and a scripted call's `arguments`), as"
@@ -438,6 +453,20 @@ PROBLEM_CODES: dict[ProblemCode, tuple[int | None, str]] = {
         429,
         "The owner holds `FERRYMAN_MAX_STREAMS_PER_OWNER` open"
         " streams on this process; with `Retry-After`.",
+    ),
+    ProblemCode.KEY_NOT_FOUND: (
+        404,
+        "The keys API: the id names no key, or a revoked one (docs/tenants.md).",
+    ),
+    ProblemCode.OWNER_QUEUE_FULL: (
+        429,
+        "The owner has `FERRYMAN_OWNER_MAX_QUEUED` sessions queued (docs/tenants.md); with"
+        " `Retry-After`.",
+    ),
+    ProblemCode.RATE_LIMITED: (
+        429,
+        "The key made its creates or messages of this minute (docs/tenants.md); with"
+        " `Retry-After`, the seconds to the next minute.",
     ),
     ProblemCode.HTTP_ERROR: (None, "Any other HTTP error status (the status says which)."),
     ProblemCode.INTERNAL_ERROR: (500, "A bug: the server logs the traceback."),

@@ -3,6 +3,7 @@ for a worker, and what the drain of everything costs, with fair claim keys and w
 order of before (first queued, first claimed), side by side in one run.
 
     python -m bench.fairness --backlog 5000 --late 10 --workers 2 --concurrency 16 --rounds 2
+    python -m bench.fairness ... --max-running 32   # and a pass with the owner limit's claim form
 
 Each pass gets a fresh database on `--database-url` (default `$DATABASE_URL`, else the
 PostgreSQL at 127.0.0.1:5432). `fifo` passes turn the claim-key triggers off
@@ -40,6 +41,8 @@ from bench.stats import percentile  # noqa: E402
 from tests.support import WorkerProcess, fresh_database  # noqa: E402
 
 MODES = ("fifo", "fair")
+# With --max-running: fair claims in the form FERRYMAN_OWNER_MAX_RUNNING takes (docs/tenants.md).
+LIMITED = "limited"
 TRIGGERS = ("sessions_queued_insert", "sessions_queued_update")
 
 # A's backlog or B's sessions, each queued with its opening message, as a create writes them.
@@ -107,6 +110,8 @@ def one_pass(args: argparse.Namespace, mode: str) -> Pass:
         conn.execute(QUEUE, {"owner": "a", "count": args.backlog})
         total = args.backlog + args.late
         env = {"FERRYMAN_LOG_LEVEL": "warning"}
+        if mode == LIMITED:
+            env["FERRYMAN_OWNER_MAX_RUNNING"] = str(args.max_running)
         workers = [
             WorkerProcess(url, env=env, concurrency=args.concurrency).start()
             for _ in range(args.workers)
@@ -135,7 +140,7 @@ def met(ok: bool) -> str:
 def report(passes: list[Pass]) -> str:
     lines = ["", f"{'median over rounds':<16}{'B p50 s':>10}{'B p99 s':>10}{'sessions/s':>12}"]
     rates: dict[str, float] = {}
-    for mode in MODES:
+    for mode in [m for m in (*MODES, LIMITED) if any(p.mode == m for p in passes)]:
         mine = [p for p in passes if p.mode == mode]
         p50 = statistics.median(percentile(p.waits, 50) for p in mine)
         p99 = statistics.median(percentile(p.waits, 99) for p in mine)
@@ -147,6 +152,11 @@ def report(passes: list[Pass]) -> str:
         "",
         f"fair: B's p99 wait {fair_p99:.3f} s (target < 1 s: {met(fair_p99 < 1)})",
         f"fair / fifo, sessions/s: {ratio:.2f} (target >= 0.90: {met(ratio >= 0.9)})",
+        *(
+            [f"limited / fair, sessions/s: {rates[LIMITED] / rates['fair']:.2f}"]
+            if LIMITED in rates
+            else []
+        ),
         "",
         *(p.line() for p in passes),
     ]
@@ -163,6 +173,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900, help="s for one pass to drain")
     parser.add_argument(
+        "--max-running",
+        type=int,
+        help="also a pass with FERRYMAN_OWNER_MAX_RUNNING at this (the limit's claim form)",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
     )
@@ -178,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     passes = []
     for round_ in range(args.rounds):
-        for mode in MODES if round_ % 2 == 0 else reversed(MODES):
+        modes = (*MODES, LIMITED) if args.max_running else MODES
+        for mode in modes if round_ % 2 == 0 else reversed(modes):
             result = one_pass(args, mode)
             print(f"  round {round_ + 1} {result.line()}", flush=True)
             passes.append(result)

@@ -464,3 +464,11 @@ def delete_schedules(database_url: str) -> None:
     """Delete every schedule: one left behind by a test would fire in a later test's workers."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("DELETE FROM schedules")
+
+
+# Queue sessions: owner, title prefix (numbered from 1), how many, at what priority.
+QUEUE = (
+    "INSERT INTO sessions (id, owner_id, title, status, model, prompt, priority)"
+    " SELECT gen_random_uuid(), %(owner)s, %(title)s || n, 'queued', 'scripted', 'p',"
+    " %(priority)s FROM generate_series(1, %(n)s) AS n"
+)

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.store.claims import CLAIM_SQL, claim_params
+from app.store.claims import CLAIM_LIMITED_SQL, CLAIM_SQL, claim_params
 from app.store.notify import STREAMS_CHANNEL
-from tests.support import fresh_database
+from tests.support import QUEUE, fresh_database
 
 FINISHED = 200_000
 CLAIM_PARAMS = claim_params("w:1", 1, 10, [], 1)
@@ -41,9 +41,15 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-def test_the_claim_uses_the_claimable_index(crowded: str) -> None:
+@pytest.mark.parametrize("limited", [False, True], ids=["claim", "owner-limited claim"])
+def test_the_claim_uses_the_claimable_index(crowded: str, limited: bool) -> None:
+    query, params = (
+        (CLAIM_LIMITED_SQL, {**CLAIM_PARAMS, "max_running": 2})
+        if limited
+        else (CLAIM_SQL, CLAIM_PARAMS)
+    )
     with psycopg.connect(crowded, autocommit=True) as conn:
-        (raw,) = conn.execute("EXPLAIN (FORMAT JSON) " + CLAIM_SQL, CLAIM_PARAMS).fetchone()  # type: ignore[misc]
+        (raw,) = conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()  # type: ignore[misc]
     plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
     scans = [
         (node["Node Type"], node.get("Index Name"))
@@ -52,6 +58,10 @@ def test_the_claim_uses_the_claimable_index(crowded: str) -> None:
     ]
     assert ("Seq Scan", None) not in scans, scans
     assert any(index == "sessions_claimable" for _, index in scans), scans
+    # the candidates come in the index's order, (priority DESC, claim_key), not sorted
+    (candidates,) = [node for node in plan_nodes(plan) if node["Node Type"] == "LockRows"]
+    sorts = [node for node in plan_nodes(candidates) if node["Node Type"] == "Sort"]
+    assert not sorts, sorts
 
 
 def test_a_deleted_session_still_running_is_claimed(crowded: str) -> None:
@@ -176,13 +186,8 @@ def test_one_owners_backlog_does_not_hold_back_another_owners_sessions() -> None
         psycopg.connect(url, autocommit=True) as conn,
     ):
         conn.execute("INSERT INTO workers (id, pid, hostname) VALUES ('w:1', 1, 'test')")
-        queue = (
-            "INSERT INTO sessions (id, owner_id, title, status, model, prompt)"
-            " SELECT gen_random_uuid(), %s, %s || n, 'queued', 'scripted', 'p'"
-            " FROM generate_series(1, %s) AS n"
-        )
-        conn.execute(queue, ("a", "a", 500))
-        conn.execute(queue, ("b", "b", 3))
+        conn.execute(QUEUE, {"owner": "a", "title": "a", "n": 500, "priority": 0})
+        conn.execute(QUEUE, {"owner": "b", "title": "b", "n": 3, "priority": 0})
         claimed = [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 4})]
         claimed += [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 2})]
         assert claimed == ["a1", "b1", "a2", "b2", "a3", "b3"]
@@ -200,3 +205,20 @@ def test_one_owners_backlog_does_not_hold_back_another_owners_sessions() -> None
             "a4",
             "b1",
         ]
+
+
+def test_a_higher_priority_is_claimed_before_a_backlog_and_stays_fair_within_its_priority() -> None:
+    """Owners a and b each queue a backlog at priority 0; then c queues one session at 10 and a
+    two at 5: c's goes first, then a's two (a's backlog at 0 does not push them back: each
+    priority has its own queue clock), then the backlogs in turns, as before."""
+    with (
+        fresh_database("ferryman_claim_priority") as url,
+        psycopg.connect(url, autocommit=True) as conn,
+    ):
+        conn.execute("INSERT INTO workers (id, pid, hostname) VALUES ('w:1', 1, 'test')")
+        conn.execute(QUEUE, {"owner": "a", "title": "a", "n": 300, "priority": 0})
+        conn.execute(QUEUE, {"owner": "b", "title": "b", "n": 300, "priority": 0})
+        conn.execute(QUEUE, {"owner": "c", "title": "c", "n": 1, "priority": 10})
+        conn.execute(QUEUE, {"owner": "a", "title": "high-a", "n": 2, "priority": 5})
+        claimed = [row[2] for row in conn.execute(CLAIM_SQL, {**CLAIM_PARAMS, "limit": 5})]
+        assert claimed == ["c1", "high-a1", "high-a2", "a1", "b1"]

@@ -117,7 +117,7 @@ async def test_keys_create_list_revoke(server: ServerProcess, database_url: str)
     assert "no active key" in again.stderr
     assert listed.returncode == 0, listed.stderr
     header, *rows = [line for line in listed.stdout.splitlines() if line.strip()]
-    assert header.split() == ["ID", "OWNER", "PREFIX", "STATE", "NAME"], listed.stdout
+    assert header.split() == ["ID", "OWNER", "PREFIX", "STATE", "NAME", "POLICY"], listed.stdout
     assert len(rows) == 1 and key_id in rows[0]  # --owner filters
     assert rows[0].split()[:4] == [key_id, owner, f"{row[3]}…", "revoked"], listed.stdout
     assert rows[0].split()[4:] == ["laptop"]
@@ -125,6 +125,34 @@ async def test_keys_create_list_revoke(server: ServerProcess, database_url: str)
     nobody = await ferryman("keys", "list", "--owner", f"nobody-{uuid.uuid4().hex[:8]}", env=env)
     assert nobody.returncode == 0, nobody.stderr
     assert nobody.stdout.startswith("no keys for owner"), nobody.stdout
+
+
+async def test_keys_create_with_a_policy(database_url: str) -> None:
+    """--priority, --creates-per-minute and --messages-per-minute are the key's policy
+    (docs/tenants.md); a value out of bounds is refused, naming its option."""
+    env = cli_env(database_url)
+    owner = f"cli-{uuid.uuid4().hex[:8]}"
+    created = await ferryman(
+        "keys",
+        "create",
+        "--owner",
+        owner,
+        "--priority",
+        "5",
+        "--creates-per-minute",
+        "3",
+        env=env,
+    )
+    assert created.returncode == 0, created.stderr
+    with psycopg.connect(database_url) as conn:
+        (policy,) = conn.execute(
+            "SELECT policy FROM api_keys WHERE owner_id = %s", (owner,)
+        ).fetchone()  # type: ignore[misc]
+    assert policy == {"priority": 5, "createsPerMinute": 3}
+    listed = await ferryman("keys", "list", "--owner", owner, env=env)
+    assert '{"priority":5,"createsPerMinute":3}' in listed.stdout, listed.stdout
+    bad = await ferryman("keys", "create", "--owner", owner, "--messages-per-minute", "0", env=env)
+    assert bad.returncode != 0 and "--messages-per-minute" in bad.stderr, bad.stderr
 
 
 async def test_keys_commands_reject_bad_arguments(database_url: str) -> None:

@@ -123,16 +123,23 @@ async def test_an_edit_of_the_first_message_is_the_prompt(
 async def test_a_fork_keeps_the_definition(
     api: ServerProcess, key: str, start_worker: StartWorker
 ) -> None:
-    """The fork runs as its parent would: the same instructions, settings and compaction."""
+    """The fork runs as its parent would: the same instructions, settings, compaction and
+    priority."""
     await ready(start_worker())
     compaction = {"triggerTokens": 5000, "keepRecentTurns": 3}
     async with client(api.url, key) as http:
         parent = await finished(
-            http, "hello", instructions="Be brief.", compaction=compaction, metadata={"a": 1}
+            http,
+            "hello",
+            instructions="Be brief.",
+            compaction=compaction,
+            metadata={"a": 1},
+            priority=4,
         )
         child = await forked(http, parent, atSeq=1)
         shown = (await http.get(f"/api/agent/{parent}")).json()
         same = ("instructions", "modelSettings", "model", "metadata", "approvalRequired")
+        assert child["priority"] == shown["priority"] == 4
         assert {k: child[k] for k in same} == {k: shown[k] for k in same}
         assert child["compaction"] == shown["compaction"]
         assert shown["compaction"]["triggerTokens"] == 5000

@@ -111,6 +111,7 @@ async def resolve_session(
         else base.get("compaction"),
         delegates=delegates,
         created_by_key_id=caller.key_id,
+        priority=body.priority if body.priority is not None else caller.priority,
     )
 
 

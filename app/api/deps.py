@@ -47,6 +47,11 @@ class Caller:
     key_id: UUID | None = None
     policy: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def priority(self) -> int:
+        """The priority of the sessions it creates without one: its key's policy's, else 0."""
+        return int(self.policy.get("priority", 0))
+
 
 async def resolve_caller(services: Services, request: Request, token: str | None) -> Caller:
     """The one place a request's credential becomes its caller, in every auth mode."""

@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 from app import generated
 from app.api.event_schemas import stream_components
 from app.api.problems import PROBLEM_JSON
-from app.api.schemas import Problem, SessionError, component
+from app.api.schemas import KeyPolicy, Problem, SessionError, component
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
@@ -145,7 +145,7 @@ def _drop_null(schema: dict[str, Any]) -> None:
 def _extra_components() -> dict[str, dict[str, Any]]:
     """Schemas the routes only point to: they are documented, never validated by FastAPI."""
     _, definitions = TypeAdapter.json_schemas(
-        [(m.__name__, "serialization", TypeAdapter(m)) for m in (Problem, SessionError)],
+        [(m.__name__, "serialization", TypeAdapter(m)) for m in (Problem, SessionError, KeyPolicy)],
         ref_template=REF_TEMPLATE,
     )
     metadata = {

@@ -19,6 +19,8 @@ from app.api.problems import problem
 from app.db import migrate
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import AuthRequired, InvalidApiKey, MetricsTokenRequired, ProblemCode
+from app.services import Services
+from app.store import limits as limit_store
 from app.store import server as server_store
 
 router = APIRouter(tags=["operations"])
@@ -31,6 +33,15 @@ _BUSY_ERRORS: tuple[type[Exception], ...] = (
 )
 _NOT_READY_ERRORS: tuple[type[Exception], ...] = (*_BUSY_ERRORS, *UNAVAILABLE_ERRORS, TimeoutError)
 POOL_SIZE = Gauge("ferryman_db_pool_connections", "Connections in the pool", ["state"])
+# The queue per owner (docs/tenants.md), read at each scrape: the TOP_OWNERS owners with the
+# most queued sessions by name, the rest as `other`, so the labels stay bounded.
+QUEUE_DEPTH = Gauge("ferryman_owner_queued_sessions", "Queued sessions, by owner", ["owner"])
+QUEUE_OLDEST = Gauge(
+    "ferryman_owner_queued_oldest_seconds",
+    "How long the owner's longest-queued session has waited (since its last change)",
+    ["owner"],
+)
+TOP_OWNERS = 10
 
 
 @router.get("/healthz", operation_id="healthz", response_model=schemas.Health)
@@ -105,4 +116,22 @@ async def metrics(services: ServicesDep) -> Response:
     stats = services.db.stats()
     POOL_SIZE.labels("size").set(stats.get("pool_size", 0))
     POOL_SIZE.labels("available").set(stats.get("pool_available", 0))
+    await _owner_queues(services)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _owner_queues(services: Services) -> None:
+    """Set the queue gauges. Owners are named only where /metrics is no tenant's to read (local
+    mode, or FERRYMAN_METRICS_TOKEN set): else every owner is `other`."""
+    settings = services.settings
+    named = settings.auth_mode == "local" or settings.metrics_token is not None
+    try:
+        async with asyncio.timeout(2), services.db.connection() as conn:
+            rows = await limit_store.owner_queues(conn, TOP_OWNERS if named else 0)
+    except _NOT_READY_ERRORS:
+        return  # the gauges keep their last values
+    QUEUE_DEPTH.clear()
+    QUEUE_OLDEST.clear()
+    for row in rows:
+        QUEUE_DEPTH.labels(row["owner"]).set(row["depth"])
+        QUEUE_OLDEST.labels(row["owner"]).set(max(0.0, row["oldest"] or 0.0))

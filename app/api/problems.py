@@ -13,12 +13,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.domain import MODEL_NAME_PATTERN, MODEL_NAME_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE
-from app.errors import FerrymanError, ProblemCode, Unauthorized
+from app.errors import FerrymanError, LimitReached, ProblemCode, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,10 @@ _HTTP_CODES = {
     413: ProblemCode.PAYLOAD_TOO_LARGE,
     415: ProblemCode.UNSUPPORTED_MEDIA_TYPE,
 }
+# The requests a limit of docs/tenants.md refused (429 OWNER_QUEUE_FULL, RATE_LIMITED).
+LIMIT_REFUSALS = Counter(
+    "ferryman_limit_refusals_total", "Requests a per-owner or per-key limit refused", ["code"]
+)
 # Errors named in the 422's `detail`; all of them are in its `errors`.
 _DETAIL_ERRORS = 3
 
@@ -58,6 +63,9 @@ def problem(
 def _ferryman_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FerrymanError)
     headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+    if isinstance(exc, LimitReached):
+        headers = {"Retry-After": str(exc.retry_after)}
+        LIMIT_REFUSALS.labels(str(exc.code)).inc()
     if isinstance(exc, Unauthorized):
         headers = {"WWW-Authenticate": exc.challenge}
     return problem(exc.status, exc.code, exc.title, exc.detail, headers, **exc.extra)

@@ -31,19 +31,23 @@ from app.domain import (
     MAX_KEEP_RECENT_TURNS,
     MAX_MESSAGE_CHARS,
     MAX_METADATA_BYTES,
+    MAX_PRIORITY,
     MAX_PROMPT_CHARS,
     MAX_SCRIPT_TURNS,
     MAX_STOP_SEQUENCES,
     MAX_TITLE_CHARS,
     MAX_TOOLS,
     MIN_COMPACTION_TRIGGER_TOKENS,
+    MIN_PRIORITY,
     MODEL_NAME_PATTERN,
+    OWNER_ID_PATTERN,
     TOOL_NAME_PATTERN,
     Overlap,
     SessionErrorCode,
     Status,
 )
 from app.errors import ProblemCode
+from app.scopes import MAX_SCOPE_ENTRIES, check_scopes
 
 
 def component(name: str) -> dict[str, str]:
@@ -366,6 +370,14 @@ class CreateSession(Definition):
         description="The version of `assistantId` to pin; unset: its latest.",
     )
     clientTools: ClientTools
+    priority: int | None = Field(
+        default=None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Workers claim sessions of a higher priority first; within a priority,"
+        " claims are fair across owners (docs/fairness.md). Unset: the key's policy's"
+        " `priority`, else 0.",
+    )
 
     @model_validator(mode="after")
     def _version_of_an_assistant(self) -> CreateSession:
@@ -672,6 +684,21 @@ class Session(BaseModel):
     schedule: ScheduleRef | None = shown_when_set(
         "The schedule that fired it and the tick it fired for (absent: none)."
     )
+    priority: int | None = shown_when_set(
+        "Its claim priority: higher first (absent: 0, the default)."
+    )
+    waitingFor: WaitingFor | None = shown_when_set(
+        "Why a queued session is not claimed yet, when a limit holds it (absent: none does)."
+    )
+
+
+class WaitingFor(BaseModel):
+    reason: Literal["ownerRunningLimit"] = Field(
+        description="`ownerRunningLimit`: its owner has FERRYMAN_OWNER_MAX_RUNNING sessions"
+        " running (docs/tenants.md)."
+    )
+    running: int
+    limit: int
 
 
 class ScheduleRef(BaseModel):
@@ -877,3 +904,91 @@ class PendingApproval(BaseModel):
 
 class PendingApprovalList(BaseModel):
     approvals: list[PendingApproval] = Field(description="Oldest request first.")
+
+
+# --- keys (docs/tenants.md) ------------------------------------------------------------------
+
+
+class KeyPolicy(Request):
+    """What a key may do beyond its owner's defaults (`api_keys.policy`); a field left out
+    takes the setting's default."""
+
+    priority: int | None = Field(
+        default=None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="The `priority` of the sessions this key creates without one.",
+    )
+    createsPerMinute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Creates a minute (overrides FERRYMAN_KEY_CREATES_PER_MINUTE).",
+    )
+    messagesPerMinute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Messages a minute (overrides FERRYMAN_KEY_MESSAGES_PER_MINUTE).",
+    )
+
+    tools: list[str] | None = Field(
+        default=None,
+        max_length=MAX_SCOPE_ENTRIES,
+        description="Only these tools: names, or `mcp:<server>` for all of that MCP server's"
+        " (docs/tenants.md). Unset: every tool; `[]`: none.",
+    )
+    models: list[str] | None = Field(
+        default=None,
+        max_length=MAX_SCOPE_ENTRIES,
+        description="Only these models: names (`openai:gpt-4o`), or provider prefixes"
+        " (`openai:`). Unset: every model.",
+    )
+    approverFor: list[str] | None = Field(
+        default=None,
+        max_length=MAX_SCOPE_ENTRIES,
+        description="Owners whose pending approvals this key may list and decide.",
+    )
+
+    @model_validator(mode="after")
+    def _scopes(self) -> Self:
+        check_scopes(self.model_dump(include={"tools", "models", "approverFor"}, exclude_none=True))
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The policy as `api_keys.policy` keeps it: the fields set."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class CreateKey(Request):
+    owner: str = Field(pattern=OWNER_ID_PATTERN.pattern, description="The owner it acts as.")
+    name: Text = Field(default="", max_length=MAX_TITLE_CHARS, description="A label.")
+    policy: KeyPolicy = Field(default_factory=KeyPolicy)
+
+
+class UpdateKey(Request):
+    name: Title | None = None
+    policy: KeyPolicy | None = Field(
+        default=None,
+        description="Merged into the key's policy: the fields given replace its own, a field"
+        " given as null goes back to the default.",
+    )
+
+
+class ApiKey(BaseModel):
+    id: Uuid
+    ownerId: str
+    name: str
+    prefix: str = Field(description="The key's first characters, to tell keys apart.")
+    policy: Annotated[dict[str, Any], WithJsonSchema({"allOf": [component("KeyPolicy")]})]
+    createdAt: DateTime
+    lastUsedAt: DateTime | None
+    revokedAt: DateTime | None
+
+
+class CreatedKey(ApiKey):
+    key: str = Field(description="The key itself: shown this once, stored only hashed.")
+
+
+class KeyList(BaseModel):
+    keys: list[ApiKey]

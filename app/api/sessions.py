@@ -18,7 +18,9 @@ from fastapi.responses import JSONResponse
 from app.api import schemas
 from app.api.definitions import assistant_request_fingerprint, resolve_session
 from app.api.deps import Caller, CallerDep, DatabaseDep, Owner, ServicesDep
+from app.api.limits import COUNTS_CREATE, COUNTS_MESSAGE, check_queue
 from app.api.openapi import problems
+from app.db.pool import Connection
 from app.domain import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     TERMINAL,
@@ -33,6 +35,7 @@ from app.scopes import parse_scopes
 from app.services import Services
 from app.store import approvals as approval_store
 from app.store import events as event_store
+from app.store import limits as limit_store
 from app.store import sessions as session_store
 from app.store.notify import session_key
 from app.streams.frames import session_envelope
@@ -95,9 +98,10 @@ def decode_page_token(token: str) -> session_store.PageKey:
     operation_id="createSession",
     status_code=status.HTTP_201_CREATED,
     response_model=schemas.Session,
+    dependencies=[COUNTS_CREATE],
     responses={
         200: {"model": schemas.Session, "description": "Idempotent replay"},
-        **problems(*ANY_ERRORS, *BODY_ERRORS, 404, 409),
+        **problems(*ANY_ERRORS, *BODY_ERRORS, 404, 409, 429),
     },
 )
 async def create_session(
@@ -123,6 +127,8 @@ async def create_session(
         async with services.db.connection() as conn:
             row = await session_store.replay_idempotent(conn, owner, idempotency_key, fingerprint)
     if row is None:
+        if body.prompt is not None:
+            await check_queue(services, owner)
         new = await resolve_session(services, caller, body)
         row = await services.creates.create(owner, new, idempotency_key)
         created = row is not None
@@ -137,6 +143,22 @@ async def create_session(
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/api/agent/{row['id']}"
     return session_view(row)
+
+
+async def mark_waiting(
+    services: Services, conn: Connection, owner: str, views: list[dict[str, Any]]
+) -> None:
+    """Give each queued view `waitingFor` when its owner is at FERRYMAN_OWNER_MAX_RUNNING: one
+    count, only while that limit is set and a view is queued."""
+    limit = services.settings.owner_max_running
+    if limit is None or not any(view["status"] == Status.QUEUED for view in views):
+        return
+    running = await limit_store.owner_running(conn, owner)
+    if running >= limit:
+        waiting = {"reason": "ownerRunningLimit", "running": running, "limit": limit}
+        for view in views:
+            if view["status"] == Status.QUEUED:
+                view["waitingFor"] = waiting
 
 
 @router.get(
@@ -170,12 +192,13 @@ async def list_sessions(
         rows, cursor, next_key = await session_store.list_sessions(
             conn, owner, statuses, limit, after, search, settings.list_excerpt_chars
         )
-    # Summaries (no big text whole), and no more of them than FERRYMAN_LIST_MAX_BYTES holds.
-    views = [session_summary(row, settings.list_excerpt_chars) for row in rows]
-    kept = within_bytes([json_size(v) for v in views], settings.list_max_bytes)
-    if kept < len(views):
-        views, rows = views[:kept], rows[:kept]
-        next_key = session_store.PageKey(rows[-1]["created_at"], rows[-1]["id"])
+        # Summaries (no big text whole), and no more of them than FERRYMAN_LIST_MAX_BYTES holds.
+        views = [session_summary(row, settings.list_excerpt_chars) for row in rows]
+        kept = within_bytes([json_size(v) for v in views], settings.list_max_bytes)
+        if kept < len(views):
+            views, rows = views[:kept], rows[:kept]
+            next_key = session_store.PageKey(rows[-1]["created_at"], rows[-1]["id"])
+        await mark_waiting(services, conn, owner, views)
     return {
         "sessions": views,
         "cursor": str(cursor),
@@ -189,10 +212,12 @@ async def list_sessions(
     response_model=schemas.Session,
     responses=problems(*SESSION_ERRORS),
 )
-async def get_session(session_id: SessionId, owner: Owner, db: DatabaseDep) -> dict[str, Any]:
-    async with db.connection() as conn:
+async def get_session(session_id: SessionId, owner: Owner, services: ServicesDep) -> dict[str, Any]:
+    async with services.db.connection() as conn:
         row = await session_store.get_session(conn, owner, parse_session_id(session_id))
-    return session_view(row)
+        view = session_view(row)
+        await mark_waiting(services, conn, owner, [view])
+    return view
 
 
 @router.patch(
@@ -284,14 +309,21 @@ async def _wait_terminal(
     operation_id="postMessage",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=schemas.MessageAccepted,
-    responses=problems(*SESSION_ERRORS, *BODY_ERRORS),
+    dependencies=[COUNTS_MESSAGE],
+    responses=problems(*SESSION_ERRORS, *BODY_ERRORS, 429),
 )
 async def post_message(
-    session_id: SessionId, body: schemas.PostMessage, owner: Owner, db: DatabaseDep
+    session_id: SessionId, body: schemas.PostMessage, owner: Owner, services: ServicesDep
 ) -> dict[str, Any]:
+    """429 OWNER_QUEUE_FULL when it would queue the session (it is idle, waiting or
+    finished) and its owner has FERRYMAN_OWNER_MAX_QUEUED queued; RATE_LIMITED past the key's
+    messages a minute."""
     sid = parse_session_id(session_id)
-    async with db.transaction() as conn:
-        event, delivery = await session_store.post_message(conn, owner, sid, body.text)
+    max_queued = services.settings.owner_max_queued
+    async with services.db.transaction() as conn:
+        event, delivery = await session_store.post_message(
+            conn, owner, sid, body.text, max_queued=max_queued
+        )
     return {
         "id": str(sid),
         "message": {"seq": event["seq"], "text": body.text, "delivery": delivery},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import signal
 import socket
 import traceback
@@ -455,14 +456,38 @@ def _names(value: str | None) -> list[str] | None:
     metavar="OWNERS",
     help="Owners whose pending approvals the key may list and decide, comma-separated.",
 )
+@click.option(
+    "--priority",
+    type=int,
+    metavar="N",
+    help="The priority (-100..100) of the sessions it creates without one (docs/tenants.md).",
+)
+@click.option(
+    "--creates-per-minute",
+    type=int,
+    metavar="N",
+    help="Its creates a minute (instead of FERRYMAN_KEY_CREATES_PER_MINUTE).",
+)
+@click.option(
+    "--messages-per-minute",
+    type=int,
+    metavar="N",
+    help="Its messages a minute (instead of FERRYMAN_KEY_MESSAGES_PER_MINUTE).",
+)
 def keys_create(
     owner: str,
     name: str,
     tools: str | None,
     models: str | None,
     approver_for: str | None,
+    priority: int | None,
+    creates_per_minute: int | None,
+    messages_per_minute: int | None,
 ) -> None:
     """Create an API key and print it once."""
+    from pydantic import ValidationError
+
+    from app.api.schemas import KeyPolicy
     from app.domain import check_owner_id
     from app.scopes import check_scopes
     from app.store import keys as key_store
@@ -473,7 +498,20 @@ def keys_create(
         fail(f"--owner: {exc}")
     given = {"tools": _names(tools), "models": _names(models), "approverFor": _names(approver_for)}
     try:
-        policy = check_scopes({k: v for k, v in given.items() if v is not None})
+        limits = KeyPolicy(
+            priority=priority,
+            createsPerMinute=creates_per_minute,
+            messagesPerMinute=messages_per_minute,
+        ).stored()
+        policy = {**limits, **check_scopes({k: v for k, v in given.items() if v is not None})}
+    except ValidationError as exc:
+        options = {
+            "createsPerMinute": "creates-per-minute",
+            "messagesPerMinute": "messages-per-minute",
+        }
+        first = exc.errors()[0]
+        field = str(first["loc"][0])
+        fail(f"--{options.get(field, field)}: {first['msg']}")
     except ValueError as exc:
         fail(f"the key's scopes: {exc}")
     row, key = _with_db(lambda conn: key_store.create_key(conn, owner, name, policy))
@@ -497,13 +535,18 @@ def keys_list(owner: str | None) -> None:
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "OWNER", "PREFIX", "STATE", "NAME"):
-        table.add_column(column, no_wrap=column != "NAME")
+    for column in ("ID", "OWNER", "PREFIX", "STATE", "NAME", "POLICY"):
+        table.add_column(column, no_wrap=column not in ("NAME", "POLICY"))
     for row in rows:
         state = "revoked" if row["revoked_at"] else "active"
         # Owners and names are text, not rich markup.
         table.add_row(
-            str(row["id"]), Text(row["owner_id"]), f"{row['prefix']}…", state, Text(row["name"])
+            str(row["id"]),
+            Text(row["owner_id"]),
+            f"{row['prefix']}…",
+            state,
+            Text(row["name"]),
+            Text(json.dumps(row["policy"], separators=(",", ":")) if row["policy"] else ""),
         )
     table_console().print(table, soft_wrap=False)
 

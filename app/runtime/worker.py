@@ -320,6 +320,7 @@ class Worker:
             list(self.runs),
             limit,
             tools=self.context.registry.names(),
+            max_running=self.settings.owner_max_running,
         )
 
     async def _settle_unrunnable(self, row: dict[str, Any]) -> bool:

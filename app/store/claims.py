@@ -11,16 +11,17 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from app.db.pool import Connection
-from app.domain import OwnerEventType, SessionEventType
+from app.domain import OwnerEventType, SessionEventType, Status
 from app.store.events import owner_event_ctes
 from app.store.notify import SESSION_KEY_PREFIX, notifying
 from app.store.sessions import SESSION_COLUMNS
 from app.store.statements import statement
 
 # Every branch implies the `sessions_claimable` index's predicate (status queued or running), so
-# a claim reads that index in the order of the sessions' claim keys, never the finished sessions
-# (tests/test_claim.py). The keys are fair across owners: each owner's queued sessions are
-# spaced out on its own clock (alembic/versions/0016_fair_claims.py, docs/fairness.md).
+# a claim reads that index in the order of the sessions' priorities (highest first) and claim
+# keys, never the finished sessions (tests/test_claim.py). The keys are fair across owners:
+# each owner's queued sessions are spaced out on its own clock, one per priority
+# (alembic/versions/0016_fair_claims.py, 0022_priority_limits.py, docs/fairness.md).
 #
 # One statement, so one round trip and no transaction around it: it takes up to %(limit)s
 # sessions, appends their `session_status` owner events (`owner_event_ctes`: the cursor rows are
@@ -32,25 +33,23 @@ from app.store.statements import statement
 # and on its stream at once, without a write of the run's own before the model is first asked.
 # Rows a statement inserts are invisible to its own reads, so the head gets that event appended,
 # when the head reaches the event before it (else the run reads its log, which then has it).
-CLAIM_SQL = statement(
-    "claim",
-    f"""
-    WITH candidate AS (
-        SELECT s.id FROM sessions s
+_CLAIM = f"""
+    WITH {{running}}candidate AS (
+        SELECT s.id{{candidate_columns}} FROM sessions s
         WHERE EXISTS (SELECT 1 FROM workers me
                       WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
           AND s.id <> ALL(%(busy)s::uuid[])
-          AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
+          AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb){{owner_limit}}
           AND ((s.status = 'queued' AND s.deleted_at IS NULL)
            OR (s.status = 'running' AND (
                 s.lease_worker_id IS NULL
                 OR s.lease_expires_at < clock_timestamp()
                 OR EXISTS (SELECT 1 FROM workers w
                            WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-        ORDER BY s.claim_key
+        ORDER BY s.priority DESC, s.claim_key
         LIMIT %(limit)s
         FOR UPDATE OF s SKIP LOCKED
-    ), claimed AS (
+    ), {{picked}}claimed AS (
         UPDATE sessions s SET
             status = 'running', attempt = s.attempt + 1,
             resumes = s.resumes + (s.status = 'running')::integer,
@@ -58,7 +57,7 @@ CLAIM_SQL = statement(
             lease_worker_id = %(worker)s, lease_pid = %(pid)s,
             lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
             updated_at = clock_timestamp()
-        FROM candidate WHERE s.id = candidate.id
+        FROM {{source}} c WHERE s.id = c.id
         RETURNING {", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))}, s.claim_key
     ), started AS (
         INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -69,12 +68,12 @@ CLAIM_SQL = statement(
         RETURNING session_id, seq, type, data,
             {notifying(f"'{SESSION_KEY_PREFIX}' || session_id")} AS notified
     ), {
-        owner_event_ctes(
-            "claimed",
-            f"'{OwnerEventType.SESSION_STATUS}'",
-            "jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)",
-        )
-    }
+    owner_event_ctes(
+        "claimed",
+        f"'{OwnerEventType.SESSION_STATUS}'",
+        "jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)",
+    )
+}
     SELECT s.*, s.attempt - coalesce((
         SELECT e.attempt FROM session_events e
         WHERE e.session_id = s.id AND e.type = '{SessionEventType.SESSION_END}'
@@ -93,9 +92,56 @@ CLAIM_SQL = statement(
         FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
               FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
         WHERE e.upto <= %(head_bytes)s) h
-    ORDER BY s.claim_key
-""",
+    ORDER BY s.priority DESC, s.claim_key
+"""
+CLAIM_SQL = statement(
+    "claim",
+    _CLAIM.replace("{running}", "")
+    .replace("{candidate_columns}", "")
+    .replace("{owner_limit}", "")
+    .replace("{picked}", "")
+    .replace("{source}", "candidate"),
 )
+# With FERRYMAN_OWNER_MAX_RUNNING: a queued session of an owner that has that many running is
+# passed over (the scan goes on to other owners' sessions; a takeover of a running one is not
+# held back). The running sessions are counted once a statement (`running`: as many as the
+# workers' slots), whatever plan reads the queued ones. Of the candidates, an owner's queued
+# ones are taken only as far as its free places go (`picked`), so one batch never takes more
+# than an owner's limit. Run under CLAIM_LOCK, in a transaction whose statement before took
+# it (so this one's snapshot sees every claim before it): no two claims count the same
+# owner's sessions at once.
+CLAIM_LIMITED_SQL = statement(
+    "claim_owner_limited",
+    _CLAIM.replace(
+        "{running}",
+        f"""running AS (
+        SELECT r.owner_id, count(*) AS running FROM sessions r
+        WHERE r.status = '{Status.RUNNING}' GROUP BY r.owner_id
+    ), """,
+    )
+    .replace("{candidate_columns}", ", s.owner_id, s.status, s.priority, s.claim_key")
+    .replace(
+        "{owner_limit}",
+        f"""
+          AND (s.status <> '{Status.QUEUED}' OR s.owner_id NOT IN (
+                SELECT owner_id FROM running WHERE running >= %(max_running)s))""",
+    )
+    .replace(
+        "{picked}",
+        f"""picked AS (
+        SELECT c.id FROM (
+            SELECT c.id, c.status, coalesce(r.running, 0) + count(*)
+                       FILTER (WHERE c.status = '{Status.QUEUED}')
+                       OVER (PARTITION BY c.owner_id ORDER BY c.priority DESC, c.claim_key
+                             ROWS UNBOUNDED PRECEDING) AS place
+            FROM candidate c LEFT JOIN running r ON r.owner_id = c.owner_id) c
+        WHERE c.status <> '{Status.QUEUED}' OR c.place <= %(max_running)s
+    ), """,
+    )
+    .replace("{source}", "picked"),
+)
+# The claims with an owner limit take turns across all workers: a transaction's lock.
+CLAIM_LOCK = statement("claim_lock", "SELECT pg_advisory_xact_lock(7465726430)")
 # The start of each claimed session's log the claim brings along (`head`), at most this many
 # events and bytes of data: a new session's whole log, so its run need not read it again.
 CLAIM_HEAD_EVENTS = 50
@@ -131,6 +177,7 @@ async def claim(
     busy: Collection[UUID] = (),
     limit: int = 1,
     tools: Collection[str] = (),
+    max_running: int | None = None,
 ) -> list[dict[str, Any]]:
     """Claim up to `limit` sessions: queued ones, or running ones whose lease expired, was
     released, or whose worker is dead. Adds 1 to each `attempt`, and logs `session_start` for a
@@ -151,7 +198,20 @@ async def claim(
 
     A worker itself marked dead (its liveness lock is gone, e.g. its heartbeat connection died
     with a database restart) claims nothing until its heartbeat registers it again: otherwise
-    it would take back its own sessions claim after claim, each spending an attempt."""
+    it would take back its own sessions claim after claim, each spending an attempt.
+
+    `max_running` (FERRYMAN_OWNER_MAX_RUNNING): no queued session is claimed of an owner that
+    has this many running. Such claims take turns across workers (CLAIM_LOCK, held by one
+    transaction, whose claim statement sees what the claims before it did), so two claims
+    never both take an owner's last free place, and one claim takes no more than the places
+    an owner has free."""
     params = claim_params(worker_id, pid, ttl, busy, limit, tools)
-    cur = await conn.execute(CLAIM_SQL, params)
+    if max_running is None:
+        cur = await conn.execute(CLAIM_SQL, params)
+        return await cur.fetchall()
+    # Pipelined: the lock and the claim go in one round trip, so the lock is held for as
+    # short a time as can be.
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(CLAIM_LOCK)
+        cur = await conn.execute(CLAIM_LIMITED_SQL, {**params, "max_running": max_running})
     return await cur.fetchall()

@@ -99,4 +99,5 @@ async def child_session(
         parent_tool_call_id=call_id,
         depth=int(parent["depth"]) + 1,
         created_by_key_id=parent["created_by_key_id"],
+        priority=int(parent.get("priority") or 0),  # a child runs at its parent's priority
     )

@@ -47,13 +47,13 @@ _FORK = statement(
                               instructions, model_settings, approval_required, assistant_id,
                               assistant_version, client_tools, compaction, delegates,
                               last_seq, delivered_seq, forked_from_session_id, forked_from_seq,
-                              created_by_key_id)
+                              created_by_key_id, priority)
         SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
                coalesce(%(prompt)s, p.prompt), p.script, p.tools,
                p.metadata - '{{{",".join(STATELESS_TO_DELETE)}}}'::text[], p.instructions,
                p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
                p.client_tools, p.compaction, p.delegates, %(copy)s,
-               least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s
+               least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s, p.priority
         FROM sessions p WHERE p.id = %(parent)s
         RETURNING {SESSION_COLUMNS}
     ), copied AS (

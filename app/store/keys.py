@@ -26,20 +26,24 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+_KEY_COLUMNS = "id, owner_id, name, prefix, policy, created_at, last_used_at, revoked_at"
+
+
 async def create_key(
     conn: Connection, owner_id: str, name: str, policy: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str]:
-    """Store a new key for `owner_id` with `policy` (None: `{}`, the defaults); return its row
-    and the plaintext (shown once). The policy's scope fields (`tools`, `models`, `approverFor`,
-    app/scopes.py) are checked: ValueError saying what is wrong."""
+    """Store a new key for `owner_id` with its `policy` (docs/tenants.md; None: `{}`, the
+    defaults); return its row and the plaintext (shown once). The policy's scope fields
+    (`tools`, `models`, `approverFor`, app/scopes.py) are checked: ValueError saying what is
+    wrong."""
     check_owner_id(owner_id)
     stored = {**(policy or {}), **check_scopes(policy or {})}
     key = new_key()
     cur = await conn.execute(
-        """
+        f"""
         INSERT INTO api_keys (id, owner_id, name, prefix, key_hash, policy)
         VALUES (%s, %s, %s, %s, %s, %s)
-        RETURNING id, owner_id, name, prefix, policy, created_at, last_used_at, revoked_at
+        RETURNING {_KEY_COLUMNS}
         """,
         (uuid4(), owner_id, name, key[:10], hash_key(key), Jsonb(stored)),
     )
@@ -71,8 +75,8 @@ async def any_active(conn: Connection) -> bool:
 
 async def list_keys(conn: Connection, owner_id: str | None) -> list[dict[str, Any]]:
     cur = await conn.execute(
-        """
-        SELECT id, owner_id, name, prefix, policy, created_at, last_used_at, revoked_at
+        f"""
+        SELECT {_KEY_COLUMNS}
         FROM api_keys
         WHERE %(owner)s::text IS NULL OR owner_id = %(owner)s ORDER BY created_at
         """,
@@ -88,3 +92,27 @@ async def revoke_key(conn: Connection, key_id: UUID) -> bool:
         (key_id,),
     )
     return await cur.fetchone() is not None
+
+
+async def get_key(conn: Connection, key_id: UUID) -> dict[str, Any] | None:
+    """A key's row (never its plaintext, which is not stored), revoked or not; None: none."""
+    cur = await conn.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = %s", (key_id,))
+    return await cur.fetchone()
+
+
+async def update_key(
+    conn: Connection, key_id: UUID, name: str | None, policy: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Rename an unrevoked key (`name` None: as it is) and merge `policy` into its policy: a
+    field set to None is removed (back to the default). None: no such unrevoked key."""
+    cleared = [field for field, value in policy.items() if value is None]
+    given = {field: value for field, value in policy.items() if value is not None}
+    cur = await conn.execute(
+        f"""
+        UPDATE api_keys SET name = coalesce(%s, name), policy = (policy - %s::text[]) || %s
+        WHERE id = %s AND revoked_at IS NULL
+        RETURNING {_KEY_COLUMNS}
+        """,
+        (name, cleared, Jsonb(given), key_id),
+    )
+    return await cur.fetchone()

@@ -30,10 +30,12 @@ from app.errors import (
     ApprovalNotPending,
     ClientToolNotPending,
     IdempotencyKeyReused,
+    OwnerQueueFull,
     SessionAlreadyTerminal,
     SessionNotCompactable,
     SessionNotFound,
 )
+from app.store import limits as limit_store
 from app.store.events import (
     append_owner_event,
     append_session_event,
@@ -57,7 +59,7 @@ SESSION_COLUMNS = """
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
     schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-    created_by_key_id
+    created_by_key_id, priority
 """
 
 # What a list reads of a session: every column, but only the start of the two big texts (up to
@@ -86,9 +88,9 @@ _CREATE_SESSION = statement(
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, schedule_id,
                           schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                          depth, created_by_key_id)
+                          depth, created_by_key_id, priority)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-            %s, %s)
+            %s, %s, %s)
     ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
     DO NOTHING
     RETURNING {SESSION_COLUMNS}
@@ -103,9 +105,9 @@ _CREATE_IDLE_SESSION = statement(
     f"""
     WITH s AS (
         INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
-                              created_by_key_id)
+                              created_by_key_id, priority)
         VALUES (%(id)s, %(owner)s, %(title)s, '{Status.IDLE}', %(model)s, '', %(metadata)s, '{{}}',
-                %(key)s)
+                %(key)s, %(priority)s)
         ON CONFLICT (id) DO NOTHING
         RETURNING {SESSION_COLUMNS}
     ), {
@@ -151,6 +153,7 @@ _SESSION_VALUES = {
     "delegates": "jsonb",
     "last_seq": "bigint",
     "created_by_key_id": "uuid",
+    "priority": "integer",
 }
 _CREATE_VALUES = [*_SESSION_VALUES, "key", "fingerprint", "opening", "view"]
 _CREATE_SESSIONS = statement(
@@ -291,6 +294,8 @@ class NewSession:
     # The key that asked for it (a child: its parent's); None: no key (docs/tenants.md). Not
     # part of the fingerprint: another key of the owner retrying the create asked the same.
     created_by_key_id: UUID | None = None
+    # Claims take higher priorities first (-100..100; docs/tenants.md).
+    priority: int = 0
 
     def fingerprint(self) -> str:
         """A hash of the request, to tell a retried create from a reused Idempotency-Key."""
@@ -393,6 +398,7 @@ async def create_session(
             new.parent_tool_call_id,
             new.depth,
             new.created_by_key_id,
+            new.priority,
         ),
     )
     row = await cur.fetchone()
@@ -468,6 +474,7 @@ async def create_sessions(
             "delegates": new.delegates,
             "last_seq": 1 if queued else 0,
             "created_by_key_id": new.created_by_key_id,
+            "priority": new.priority,
         }
         for name, kind in _SESSION_VALUES.items():
             columns[name].append(_text(written[name], kind))
@@ -505,6 +512,7 @@ async def create_idle_session(
     model: str,
     metadata: dict[str, Any],
     created_by_key_id: UUID | None = None,
+    priority: int = 0,
 ) -> dict[str, Any] | None:
     """An idle session with no event (its definition comes with its first run) and its
     `session_created`, in one statement; None when a session with this id exists."""
@@ -518,6 +526,7 @@ async def create_idle_session(
         "metadata": metadata,
         "model_settings": {},
         "created_by_key_id": created_by_key_id,
+        "priority": priority,
     }
     cur = await conn.execute(
         _CREATE_IDLE_SESSION,
@@ -528,6 +537,7 @@ async def create_idle_session(
             "model": model,
             "metadata": Jsonb(metadata),
             "key": created_by_key_id,
+            "priority": priority,
             "view": Jsonb(session_view(_new_row(written))),
         },
     )
@@ -716,13 +726,21 @@ async def post_message(
     *,
     locked: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    max_queued: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Log a follow-up message; steer a running session, queue an idle, waiting or terminal
     one. The first message of a session created idle becomes its prompt. `locked`: the
     session's row as this transaction locked it, if the caller did (one read less). `extra`:
-    more fields of the event's data (an Agent Protocol run's metadata)."""
+    more fields of the event's data (an Agent Protocol run's metadata). `max_queued`: the
+    owner's limit of queued sessions (OwnerQueueFull if this would queue one past it)."""
     row = locked or await get_session(conn, owner_id, session_id, for_update=True)
     status = Status(row["status"])
+    if (
+        max_queued is not None
+        and status in REQUEUEABLE
+        and await limit_store.queued_at_least(conn, owner_id, max_queued)
+    ):
+        raise OwnerQueueFull(max_queued)
     if not row["prompt"]:  # a prompt has at least one character: none yet
         await conn.execute(_SET_PROMPT, (text, session_id))
     delivery = "steer" if status == Status.RUNNING else "queued"

@@ -53,7 +53,7 @@ SELECT
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-   created_by_key_id
+   created_by_key_id, priority
 FROM sessions
    WHERE parent_session_id = %s AND parent_tool_call_id = %s;
 
@@ -76,7 +76,7 @@ WITH candidate AS (
             OR s.lease_expires_at < clock_timestamp()
             OR EXISTS (SELECT 1 FROM workers w
                        WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
-    ORDER BY s.claim_key
+    ORDER BY s.priority DESC, s.claim_key
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
@@ -87,8 +87,8 @@ WITH candidate AS (
         lease_worker_id = %(worker)s, lease_pid = %(pid)s,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         updated_at = clock_timestamp()
-    FROM candidate WHERE s.id = candidate.id
-    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.created_by_key_id, s.claim_key
+    FROM candidate c WHERE s.id = c.id
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.created_by_key_id, s.priority, s.claim_key
 ), started AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
     SELECT s.id, s.last_seq, s.attempt, 'session_start',
@@ -131,7 +131,93 @@ CROSS JOIN LATERAL (
     FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
           FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
     WHERE e.upto <= %(head_bytes)s) h
-ORDER BY s.claim_key;
+ORDER BY s.priority DESC, s.claim_key;
+
+-- name: claim_lock
+SELECT pg_advisory_xact_lock(7465726430);
+
+-- name: claim_owner_limited
+WITH running AS (
+    SELECT r.owner_id, count(*) AS running FROM sessions r
+    WHERE r.status = 'running' GROUP BY r.owner_id
+), candidate AS (
+    SELECT s.id, s.owner_id, s.status, s.priority, s.claim_key FROM sessions s
+    WHERE EXISTS (SELECT 1 FROM workers me
+                  WHERE me.id = %(worker)s AND me.stopped_at IS NULL)
+      AND s.id <> ALL(%(busy)s::uuid[])
+      AND (s.tools IS NULL OR s.tools <@ %(tools)s::jsonb)
+      AND (s.status <> 'queued' OR s.owner_id NOT IN (
+            SELECT owner_id FROM running WHERE running >= %(max_running)s))
+      AND ((s.status = 'queued' AND s.deleted_at IS NULL)
+       OR (s.status = 'running' AND (
+            s.lease_worker_id IS NULL
+            OR s.lease_expires_at < clock_timestamp()
+            OR EXISTS (SELECT 1 FROM workers w
+                       WHERE w.id = s.lease_worker_id AND w.stopped_at IS NOT NULL))))
+    ORDER BY s.priority DESC, s.claim_key
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), picked AS (
+    SELECT c.id FROM (
+        SELECT c.id, c.status, coalesce(r.running, 0) + count(*)
+                   FILTER (WHERE c.status = 'queued')
+                   OVER (PARTITION BY c.owner_id ORDER BY c.priority DESC, c.claim_key
+                         ROWS UNBOUNDED PRECEDING) AS place
+        FROM candidate c LEFT JOIN running r ON r.owner_id = c.owner_id) c
+    WHERE c.status <> 'queued' OR c.place <= %(max_running)s
+), claimed AS (
+    UPDATE sessions s SET
+        status = 'running', attempt = s.attempt + 1,
+        resumes = s.resumes + (s.status = 'running')::integer,
+        last_seq = s.last_seq + (s.attempt = 0)::integer,
+        lease_worker_id = %(worker)s, lease_pid = %(pid)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        updated_at = clock_timestamp()
+    FROM picked c WHERE s.id = c.id
+    RETURNING s.id, s.owner_id, s.title, s.status, s.attempt, s.model, s.prompt, s.script, s.tools, s.metadata, s.active_stage, s.error, s.cancel_requested_at, s.lease_worker_id, s.lease_pid, s.lease_expires_at, s.last_seq, s.delivered_seq, s.created_at, s.updated_at, s.deleted_at, s.instructions, s.model_settings, s.approval_required, s.input_tokens, s.output_tokens, s.cached_tokens, s.resumes, s.assistant_id, s.assistant_version, s.client_tools, s.compaction, s.forked_from_session_id, s.forked_from_seq, s.schedule_id, s.schedule_fired_at, s.delegates, s.parent_session_id, s.parent_tool_call_id, s.depth, s.created_by_key_id, s.priority, s.claim_key
+), started AS (
+    INSERT INTO session_events (session_id, seq, attempt, type, data)
+    SELECT s.id, s.last_seq, s.attempt, 'session_start',
+           jsonb_build_object('workerId', %(worker)s::text, 'pid', %(pid)s::integer,
+                              'attempt', s.attempt)
+    FROM claimed s WHERE s.attempt = 1
+    RETURNING session_id, seq, type, data,
+        pg_notify('ferryman', 's:' || session_id) IS NOT NULL AS notified
+),
+owner_cursor AS (
+    INSERT INTO owner_cursors AS c (owner_id, last_id)
+    SELECT owner_id, count(*) FROM claimed GROUP BY owner_id ORDER BY owner_id
+    ON CONFLICT (owner_id) DO UPDATE SET last_id = c.last_id + excluded.last_id
+    RETURNING owner_id, last_id, pg_notify('ferryman', 'o:' || c.owner_id) IS NOT NULL AS notified
+), owner_appended AS (
+    INSERT INTO owner_events (owner_id, id, session_id, type, data)
+    SELECT s.owner_id,
+           c.last_id - count(*) OVER owner
+               + row_number() OVER (owner ORDER BY s.created_at, s.id),
+           s.id, 'session_status', jsonb_build_object('status', 'running', 'attempt', s.attempt, 'resumes', s.resumes)
+    FROM claimed s JOIN owner_cursor c ON c.owner_id = s.owner_id
+    WINDOW owner AS (PARTITION BY s.owner_id)
+    RETURNING id
+)
+SELECT s.*, s.attempt - coalesce((
+    SELECT e.attempt FROM session_events e
+    WHERE e.session_id = s.id AND e.type = 'session_end'
+    ORDER BY e.seq DESC LIMIT 1), 0) AS claims,
+  CASE WHEN st.seq IS NULL THEN h.events
+       WHEN coalesce(h.last, 0) = st.seq - 1 THEN coalesce(h.events, '[]'::jsonb)
+           || jsonb_build_array(jsonb_build_object('seq', st.seq, 'type', st.type,
+                                                   'data', st.data))
+  END AS head
+FROM claimed s
+LEFT JOIN started st ON st.session_id = s.id
+CROSS JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object('seq', e.seq, 'type', e.type, 'data', e.data)
+                     ORDER BY e.seq) AS events,
+           max(e.seq) AS last
+    FROM (SELECT seq, type, data, sum(size) OVER (ORDER BY seq) AS upto
+          FROM session_events WHERE session_id = s.id ORDER BY seq LIMIT %(head_events)s) e
+    WHERE e.upto <= %(head_bytes)s) h
+ORDER BY s.priority DESC, s.claim_key;
 
 -- name: claim_webhook_deliveries
 WITH due AS (
@@ -157,6 +243,16 @@ WHERE session_id = %s AND data->>'toolCallId' = %s
                'tool_result')
 ORDER BY seq;
 
+-- name: count_rate
+INSERT INTO rate_windows AS r (subject, action, window_start, count)
+VALUES (%(subject)s, %(action)s, date_trunc('minute', clock_timestamp()), 1)
+ON CONFLICT (subject, action) DO UPDATE SET
+    count = CASE WHEN r.window_start = EXCLUDED.window_start THEN r.count + 1 ELSE 1 END,
+    window_start = EXCLUDED.window_start
+RETURNING count,
+    ceil(extract(epoch FROM window_start + interval '1 minute' - clock_timestamp()))::integer
+        AS retry_after;
+
 -- name: count_threads
 SELECT count(*) AS n FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
@@ -174,9 +270,9 @@ WHERE sessions.id = %(session_id)s;
 -- name: create_idle_session
 WITH s AS (
     INSERT INTO sessions (id, owner_id, title, status, model, prompt, metadata, model_settings,
-                          created_by_key_id)
+                          created_by_key_id, priority)
     VALUES (%(id)s, %(owner)s, %(title)s, 'idle', %(model)s, '', %(metadata)s, '{}',
-            %(key)s)
+            %(key)s, %(priority)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -185,7 +281,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ),
 owner_cursor AS (
@@ -214,9 +310,9 @@ INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools,
                       instructions, model_settings, approval_required, assistant_id,
                       assistant_version, client_tools, compaction, schedule_id,
                       schedule_fired_at, delegates, parent_session_id, parent_tool_call_id,
-                      depth, created_by_key_id)
+                      depth, created_by_key_id, priority)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-        %s, %s)
+        %s, %s, %s)
 ON CONFLICT (parent_session_id, parent_tool_call_id) WHERE parent_session_id IS NOT NULL
 DO NOTHING
 RETURNING
@@ -226,12 +322,12 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id;
+created_by_key_id, priority;
 
 -- name: create_sessions
 WITH c AS (
-    SELECT * FROM unnest(%(id)b::text[], %(owner_id)b::text[], %(title)b::text[], %(status)b::text[], %(model)b::text[], %(prompt)b::text[], %(script)b::text[], %(tools)b::text[], %(metadata)b::text[], %(instructions)b::text[], %(model_settings)b::text[], %(approval_required)b::text[], %(assistant_id)b::text[], %(assistant_version)b::text[], %(client_tools)b::text[], %(compaction)b::text[], %(delegates)b::text[], %(last_seq)b::text[], %(created_by_key_id)b::text[], %(key)b::text[], %(fingerprint)b::text[], %(opening)b::text[], %(view)b::text[])
-    WITH ORDINALITY AS c(id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, created_by_key_id, key, fingerprint, opening, view, n)
+    SELECT * FROM unnest(%(id)b::text[], %(owner_id)b::text[], %(title)b::text[], %(status)b::text[], %(model)b::text[], %(prompt)b::text[], %(script)b::text[], %(tools)b::text[], %(metadata)b::text[], %(instructions)b::text[], %(model_settings)b::text[], %(approval_required)b::text[], %(assistant_id)b::text[], %(assistant_version)b::text[], %(client_tools)b::text[], %(compaction)b::text[], %(delegates)b::text[], %(last_seq)b::text[], %(created_by_key_id)b::text[], %(priority)b::text[], %(key)b::text[], %(fingerprint)b::text[], %(opening)b::text[], %(view)b::text[])
+    WITH ORDINALITY AS c(id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, created_by_key_id, priority, key, fingerprint, opening, view, n)
 ), k AS (
     INSERT INTO idempotency_keys (owner_id, key, request_hash, session_id)
     SELECT c.owner_id, c.key, c.fingerprint, c.id::uuid FROM c
@@ -239,8 +335,8 @@ WITH c AS (
     ON CONFLICT DO NOTHING
     RETURNING session_id
 ), s AS (
-    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, created_by_key_id)
-    SELECT c.id::uuid, c.owner_id::text, c.title::text, c.status::text, c.model::text, c.prompt::text, c.script::jsonb, c.tools::jsonb, c.metadata::jsonb, c.instructions::text, c.model_settings::jsonb, c.approval_required::jsonb, c.assistant_id::uuid, c.assistant_version::integer, c.client_tools::jsonb, c.compaction::jsonb, c.delegates::jsonb, c.last_seq::bigint, c.created_by_key_id::uuid
+    INSERT INTO sessions (id, owner_id, title, status, model, prompt, script, tools, metadata, instructions, model_settings, approval_required, assistant_id, assistant_version, client_tools, compaction, delegates, last_seq, created_by_key_id, priority)
+    SELECT c.id::uuid, c.owner_id::text, c.title::text, c.status::text, c.model::text, c.prompt::text, c.script::jsonb, c.tools::jsonb, c.metadata::jsonb, c.instructions::text, c.model_settings::jsonb, c.approval_required::jsonb, c.assistant_id::uuid, c.assistant_version::integer, c.client_tools::jsonb, c.compaction::jsonb, c.delegates::jsonb, c.last_seq::bigint, c.created_by_key_id::uuid, c.priority::integer
     FROM c WHERE c.key IS NULL OR c.id::uuid IN (SELECT session_id FROM k) ORDER BY c.n
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -249,7 +345,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ), opening AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -311,13 +407,13 @@ WITH forked AS (
                           instructions, model_settings, approval_required, assistant_id,
                           assistant_version, client_tools, compaction, delegates,
                           last_seq, delivered_seq, forked_from_session_id, forked_from_seq,
-                          created_by_key_id)
+                          created_by_key_id, priority)
     SELECT %(id)s, p.owner_id, coalesce(%(title)s, p.title), %(status)s, p.model,
            coalesce(%(prompt)s, p.prompt), p.script, p.tools,
            p.metadata - '{stateless,on_completion}'::text[], p.instructions,
            p.model_settings, p.approval_required, p.assistant_id, p.assistant_version,
            p.client_tools, p.compaction, p.delegates, %(copy)s,
-           least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s
+           least(p.delivered_seq, %(copy)s), p.id, %(at)s, %(key)s, p.priority
     FROM sessions p WHERE p.id = %(parent)s
     RETURNING
 id, owner_id, title, status, attempt, model, prompt, script, tools, metadata, active_stage,
@@ -326,7 +422,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ), copied AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data, created_at)
@@ -382,7 +478,7 @@ SELECT
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-   created_by_key_id
+   created_by_key_id, priority
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL;
 
@@ -394,7 +490,7 @@ SELECT
    approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
    assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
    schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-   created_by_key_id
+   created_by_key_id, priority
 FROM sessions
    WHERE id = %s AND owner_id = %s AND deleted_at IS NULL FOR UPDATE;
 
@@ -429,7 +525,7 @@ FROM schedules
    LIMIT %(limit)s;
 
 -- name: list_sessions
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(after_ts)s::timestamptz IS NULL OR (created_at, id) < (%(after_ts)s, %(after_id)s))
@@ -501,7 +597,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id;
+created_by_key_id, priority;
 
 -- name: open_turn_chunks
 WITH turn AS (
@@ -533,6 +629,28 @@ LEFT JOIN LATERAL (
 ) page ON true
 WHERE page.id IS NULL OR page.upto - page.size < want.max_bytes
 ORDER BY want.key, want.after, want.max_bytes, page.id;
+
+-- name: owner_queued
+SELECT count(*) AS queued FROM (
+    SELECT 1 FROM sessions
+    WHERE owner_id = %(owner)s AND status = 'queued' AND deleted_at IS NULL
+    LIMIT %(limit)s) q;
+
+-- name: owner_queues_top
+WITH q AS (
+    SELECT owner_id, count(*) AS depth,
+           extract(epoch FROM clock_timestamp() - min(updated_at)) AS oldest
+    FROM sessions WHERE status = 'queued' AND deleted_at IS NULL
+    GROUP BY owner_id
+), ranked AS (
+    SELECT q.*, row_number() OVER (ORDER BY depth DESC, owner_id) AS rank FROM q
+)
+SELECT CASE WHEN rank <= %(top)s THEN owner_id ELSE 'other' END AS owner,
+       sum(depth)::bigint AS depth, max(oldest)::float8 AS oldest
+FROM ranked GROUP BY 1;
+
+-- name: owner_running
+SELECT count(*) AS running FROM sessions WHERE owner_id = %s AND status = 'running';
 
 -- name: parent_for_answer
 SELECT p.id, p.status, (
@@ -632,7 +750,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id;
+created_by_key_id, priority;
 
 -- name: rename_session
 UPDATE sessions SET title = %s, updated_at = clock_timestamp() WHERE id = %s
@@ -643,7 +761,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id;
+created_by_key_id, priority;
 
 -- name: request_cancel
 UPDATE sessions SET cancel_requested_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -654,7 +772,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id;
+created_by_key_id, priority;
 
 -- name: rotate_run_webhook_secret
 INSERT INTO webhook_run_secrets (owner_id, secret) VALUES (%(owner)s, %(secret)s)
@@ -821,7 +939,7 @@ ORDER BY a.created_at DESC, a.id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_created_at_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -830,7 +948,7 @@ ORDER BY created_at ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_created_at_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -839,7 +957,7 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_id_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -848,7 +966,7 @@ ORDER BY id ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_id_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -857,7 +975,7 @@ ORDER BY id DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_status_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -866,7 +984,7 @@ ORDER BY status ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_status_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -875,7 +993,7 @@ ORDER BY status DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_updated_at_asc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -884,7 +1002,7 @@ ORDER BY updated_at ASC, id ASC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: search_threads_updated_at_desc
-SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id FROM sessions
+SELECT id, owner_id, title, status, attempt, model, left(prompt, %(excerpt)s::int + 1) AS prompt, script, tools, metadata, active_stage, error, cancel_requested_at, lease_worker_id, lease_pid, lease_expires_at, last_seq, delivered_seq, created_at, updated_at, deleted_at, left(instructions, %(excerpt)s::int + 1) AS instructions, model_settings, approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id, assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq, schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth, created_by_key_id, priority FROM sessions
 WHERE owner_id = %(owner)s AND deleted_at IS NULL
   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(metadata)s::jsonb IS NULL OR metadata @> %(metadata)s::jsonb)
@@ -900,7 +1018,7 @@ SELECT
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
     schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-    created_by_key_id
+    created_by_key_id, priority
  FROM sessions WHERE id = %s;
 
 -- name: session_page
@@ -939,7 +1057,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ),
 owner_cursor AS (
@@ -969,7 +1087,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ),
 owner_cursor AS (
@@ -1001,7 +1119,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ),
 owner_cursor AS (
@@ -1040,7 +1158,7 @@ delivered_seq, created_at, updated_at, deleted_at, instructions, model_settings,
 approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
 assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
 schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-created_by_key_id
+created_by_key_id, priority
 
 ), appended AS (
     INSERT INTO session_events (session_id, seq, attempt, type, data)
@@ -1105,6 +1223,6 @@ SELECT
     approval_required, input_tokens, output_tokens, cached_tokens, resumes, assistant_id,
     assistant_version, client_tools, compaction, forked_from_session_id, forked_from_seq,
     schedule_id, schedule_fired_at, delegates, parent_session_id, parent_tool_call_id, depth,
-    created_by_key_id
+    created_by_key_id, priority
  FROM sessions WHERE id = ANY(%s);
 

@@ -438,6 +438,7 @@ function renderDetails(s, status) {
     // Runs, and the takeovers among them: follow-ups and approvals are runs, not resumes.
     add('Attempt', String(s.attempt), s.resumes > 0
       ? h('span', {class: 'resumes', text: ` · resumed ${s.resumes}× after a crash or shutdown`}) : null);
+    if (s.waitingFor) add('Waiting', h('span', {class: 'waiting', text: waitingText(s.waitingFor)}));
     add('Worker', s.lease
       ? h('span', {title: `${s.lease.workerId} · pid ${s.lease.pid ?? '?'}`, text: `${shortWorker(s.lease.workerId)} · pid ${s.lease.pid ?? '?'}`})
       : (TERMINAL.has(status) || status === 'waiting' ? 'none (not running)' : 'none yet'));
@@ -460,6 +461,14 @@ function renderDetails(s, status) {
     add('Id', h('code', {text: s.id}));
   }
   $('details').replaceChildren(...rows);
+}
+
+// Why a queued session is not claimed yet (docs/tenants.md), in a person's words.
+function waitingText(w) {
+  if (w.reason === 'ownerRunningLimit') {
+    return `its owner has ${w.running} of ${w.limit} sessions running (FERRYMAN_OWNER_MAX_RUNNING); it starts when one ends`;
+  }
+  return w.reason;
 }
 
 // When the session's conversation is summarized (docs/compaction.md), in a person's words.

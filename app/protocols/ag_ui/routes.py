@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import Caller, CallerDep, ServicesDep
+from app.api.limits import COUNTS_AG_UI_RUN
 from app.api.streams import _direct_writes, _sse
 from app.protocols.ag_ui import service
 from app.protocols.ag_ui.schemas import RunAgentInput
@@ -28,7 +29,7 @@ async def _run(
     return _sse(services, owner, run_events(services, row, stream, direct), direct)
 
 
-@router.post("/agent")
+@router.post("/agent", dependencies=[COUNTS_AG_UI_RUN])
 async def run_agent(
     body: RunAgentInput, caller: CallerDep, services: ServicesDep
 ) -> StreamingResponse:
@@ -36,7 +37,7 @@ async def run_agent(
     return await _run(services, caller, GRAPH_ID, body)
 
 
-@router.post("/assistants/{assistant_id}")
+@router.post("/assistants/{assistant_id}", dependencies=[COUNTS_AG_UI_RUN])
 async def run_assistant(
     assistant_id: str, body: RunAgentInput, caller: CallerDep, services: ServicesDep
 ) -> StreamingResponse:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import Caller, ProtocolCaller, ProtocolOwner, ServicesDep
+from app.api.limits import COUNTS_PROTOCOL_CREATE, COUNTS_PROTOCOL_RUN
 from app.api.streams import EventStreamResponse
 from app.db.pool import UNAVAILABLE_ERRORS
 from app.errors import NotServed, SessionNotFound
@@ -161,7 +162,7 @@ async def _final_values(services: Services, owner: str, sid: UUID, run: fold.Run
 # --- on a thread -----------------------------------------------------------------------------
 
 
-@router.post("/threads/{thread_id}/runs")
+@router.post("/threads/{thread_id}/runs", dependencies=[COUNTS_PROTOCOL_RUN])
 async def create_run(
     thread_id: str,
     body: RunCreate,
@@ -175,7 +176,11 @@ async def create_run(
     return service.run_view(row, run, body.assistant_id)
 
 
-@router.post("/threads/{thread_id}/runs/stream", response_class=StreamingResponse)
+@router.post(
+    "/threads/{thread_id}/runs/stream",
+    response_class=StreamingResponse,
+    dependencies=[COUNTS_PROTOCOL_RUN],
+)
 async def create_run_stream(
     thread_id: str,
     body: RunCreate,
@@ -188,7 +193,7 @@ async def create_run_stream(
     return _stream(services, owner, row, run, body.modes(), None, cancel)
 
 
-@router.post("/threads/{thread_id}/runs/wait")
+@router.post("/threads/{thread_id}/runs/wait", dependencies=[COUNTS_PROTOCOL_RUN])
 async def create_run_wait(
     thread_id: str,
     body: RunCreate,
@@ -283,7 +288,7 @@ async def join_run_stream(
 # --- without a thread ------------------------------------------------------------------------
 
 
-@router.post("/runs")
+@router.post("/runs", dependencies=[COUNTS_PROTOCOL_CREATE])
 async def create_stateless_run(
     body: RunCreate,
     owner: ProtocolOwner,
@@ -298,7 +303,9 @@ async def create_stateless_run(
     return service.run_view(row, run, body.assistant_id)
 
 
-@router.post("/runs/stream", response_class=StreamingResponse)
+@router.post(
+    "/runs/stream", response_class=StreamingResponse, dependencies=[COUNTS_PROTOCOL_CREATE]
+)
 async def create_stateless_run_stream(
     body: RunCreate, owner: ProtocolOwner, caller: ProtocolCaller, services: ServicesDep
 ) -> StreamingResponse:
@@ -309,7 +316,7 @@ async def create_stateless_run_stream(
     return _stream(services, owner, row, run, body.modes(), None, cancel, released)
 
 
-@router.post("/runs/wait")
+@router.post("/runs/wait", dependencies=[COUNTS_PROTOCOL_CREATE])
 async def create_stateless_run_wait(
     body: RunCreate,
     owner: ProtocolOwner,

@@ -229,8 +229,8 @@ async def create_idle_thread(
     sid: UUID,
     metadata: dict[str, Any],
 ) -> dict[str, Any] | None:
-    """A new idle session of the caller (no event until its first run) with the id `sid`; None
-    when a session with that id exists, whoever's it is."""
+    """A new idle session of the caller (no event until its first run) with the id `sid`, at
+    the caller's priority; None when a session with that id exists, whoever's it is."""
     return await session_store.create_idle_session(
         conn,
         caller.owner,
@@ -239,6 +239,7 @@ async def create_idle_thread(
         services.settings.model,
         {**metadata, "graph_id": GRAPH_ID},
         caller.key_id,
+        caller.priority,
     )
 
 

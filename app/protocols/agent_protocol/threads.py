@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api import sessions as native_sessions
 from app.api.deps import ProtocolCaller, ProtocolOwner, ServicesDep
+from app.api.limits import COUNTS_PROTOCOL_THREAD
 from app.domain import json_size, within_bytes
 from app.errors import InputNotSupported, NotServed, ThreadExists
 from app.protocols.agent_protocol import fold, service
@@ -27,7 +28,7 @@ from app.store import threads as thread_store
 router = APIRouter(tags=["agent-protocol"])
 
 
-@router.post("/threads")
+@router.post("/threads", dependencies=[COUNTS_PROTOCOL_THREAD])
 async def create_thread(
     body: ThreadCreate, caller: ProtocolCaller, services: ServicesDep, response: Response
 ) -> dict[str, Any]:

@@ -113,7 +113,12 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Post Message */
+        /**
+         * Post Message
+         * @description 429 OWNER_QUEUE_FULL when it would queue the session (it is idle, waiting or
+         *     finished) and its owner has FERRYMAN_OWNER_MAX_QUEUED queued; RATE_LIMITED past the key's
+         *     messages a minute.
+         */
         post: operations["postMessage"];
         delete?: never;
         options?: never;
@@ -492,6 +497,55 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Keys
+         * @description Every key (revoked ones too), oldest first; never the keys themselves.
+         */
+        get: operations["listKeys"];
+        put?: never;
+        /**
+         * Create Key
+         * @description A new key for `owner`, with its policy; the answer's `key` is shown this once.
+         */
+        post: operations["createKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/keys/{key_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke Key
+         * @description Revoke a key: its next request is 401. 404 KEY_NOT_FOUND if it is revoked already.
+         */
+        delete: operations["revokeKey"];
+        options?: never;
+        head?: never;
+        /**
+         * Update Key
+         * @description Rename a key or change its policy (merged: a field given as null goes back to the
+         *     default). It applies from the key's next request. 404 KEY_NOT_FOUND for a revoked one.
+         */
+        patch: operations["updateKey"];
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -553,6 +607,23 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ApiKey */
+        ApiKey: {
+            /** Format: uuid */
+            id: string;
+            ownerId: string;
+            name: string;
+            /** @description The key's first characters, to tell keys apart. */
+            prefix: string;
+            policy: components["schemas"]["KeyPolicy"];
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            lastUsedAt: string | null;
+            revokedAt: string | null;
+        };
         /** ApprovalAccepted */
         ApprovalAccepted: {
             /** Format: uuid */
@@ -692,6 +763,17 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        /** CreateKey */
+        CreateKey: {
+            /** @description The owner it acts as. */
+            owner: string;
+            /**
+             * @description A label.
+             * @default
+             */
+            name: string;
+            policy?: components["schemas"]["KeyPolicy"];
+        };
         /**
          * CreateSchedule
          * @description A timetable and the session each of its ticks creates: the session fields are those of
@@ -725,6 +807,8 @@ export interface components {
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+            /** @description Workers claim sessions of a higher priority first; within a priority, claims are fair across owners (docs/fairness.md). Unset: the key's policy's `priority`, else 0. */
+            priority?: number;
             /**
              * @description Five fields (minute hour day-of-month month day-of-week), or six with seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422 SCHEDULE_CRON_INVALID.
              * @example 30 2 * * *
@@ -775,6 +859,8 @@ export interface components {
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+            /** @description Workers claim sessions of a higher priority first; within a priority, claims are fair across owners (docs/fairness.md). Unset: the key's policy's `priority`, else 0. */
+            priority?: number;
         };
         /** CreateWebhook */
         CreateWebhook: {
@@ -782,6 +868,25 @@ export interface components {
             url: string;
             /** @description The events to deliver. */
             events: components["schemas"]["WebhookEventType"][];
+        };
+        /** CreatedKey */
+        CreatedKey: {
+            /** Format: uuid */
+            id: string;
+            ownerId: string;
+            name: string;
+            /** @description The key's first characters, to tell keys apart. */
+            prefix: string;
+            policy: components["schemas"]["KeyPolicy"];
+            /**
+             * Format: date-time
+             * @description RFC 3339, UTC
+             */
+            createdAt: string;
+            lastUsedAt: string | null;
+            revokedAt: string | null;
+            /** @description The key itself: shown this once, stored only hashed. */
+            key: string;
         };
         /** CreatedWebhook */
         CreatedWebhook: {
@@ -825,6 +930,29 @@ export interface components {
         Health: {
             /** @constant */
             status: "ok";
+        };
+        /** KeyList */
+        KeyList: {
+            keys: components["schemas"]["ApiKey"][];
+        };
+        /**
+         * KeyPolicy
+         * @description What a key may do beyond its owner's defaults (`api_keys.policy`); a field left out
+         *     takes the setting's default.
+         */
+        KeyPolicy: {
+            /** @description The `priority` of the sessions this key creates without one. */
+            priority?: number;
+            /** @description Creates a minute (overrides FERRYMAN_KEY_CREATES_PER_MINUTE). */
+            createsPerMinute?: number;
+            /** @description Messages a minute (overrides FERRYMAN_KEY_MESSAGES_PER_MINUTE). */
+            messagesPerMinute?: number;
+            /** @description Only these tools: names, or `mcp:<server>` for all of that MCP server's (docs/tenants.md). Unset: every tool; `[]`: none. */
+            tools?: string[];
+            /** @description Only these models: names (`openai:gpt-4o`), or provider prefixes (`openai:`). Unset: every model. */
+            models?: string[];
+            /** @description Owners whose pending approvals this key may list and decide. */
+            approverFor?: string[];
         };
         /** Lease */
         Lease: {
@@ -1114,6 +1242,10 @@ export interface components {
             parent?: components["schemas"]["Parent"] | null;
             /** @description The schedule that fired it and the tick it fired for (absent: none). */
             schedule?: components["schemas"]["ScheduleRef"] | null;
+            /** @description Its claim priority: higher first (absent: 0, the default). */
+            priority?: number | null;
+            /** @description Why a queued session is not claimed yet, when a limit holds it (absent: none does). */
+            waitingFor?: components["schemas"]["WaitingFor"] | null;
         };
         /** SessionList */
         SessionList: {
@@ -1179,6 +1311,10 @@ export interface components {
             parent?: components["schemas"]["Parent"] | null;
             /** @description The schedule that fired it and the tick it fired for (absent: none). */
             schedule?: components["schemas"]["ScheduleRef"] | null;
+            /** @description Its claim priority: higher first (absent: 0, the default). */
+            priority?: number | null;
+            /** @description Why a queued session is not claimed yet, when a limit holds it (absent: none does). */
+            waitingFor?: components["schemas"]["WaitingFor"] | null;
             /** @description The fields cut here: GET the session for them whole. */
             truncated: ("prompt" | "instructions")[];
         };
@@ -1257,6 +1393,12 @@ export interface components {
             };
             script?: components["schemas"]["ScriptTurn"][];
         };
+        /** UpdateKey */
+        UpdateKey: {
+            name?: string;
+            /** @description Merged into the key's policy: the fields given replace its own, a field given as null goes back to the default. */
+            policy?: components["schemas"]["KeyPolicy"];
+        };
         /**
          * UpdateSchedule
          * @description The fields to change. A session field set to null is cleared (`tools: null`: all tools),
@@ -1290,6 +1432,8 @@ export interface components {
             assistantVersion?: number;
             /** @description Tools the client runs itself: the model may call them, and the session waits for the client's result of each call (docs/ag-ui.md). Their names must not be those of the session's server tools. */
             clientTools?: components["schemas"]["ClientTool"][];
+            /** @description Workers claim sessions of a higher priority first; within a priority, claims are fair across owners (docs/fairness.md). Unset: the key's policy's `priority`, else 0. */
+            priority?: number;
             /**
              * @description Five fields (minute hour day-of-month month day-of-week), or six with seconds first, or `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Bad: 422 SCHEDULE_CRON_INVALID.
              * @example 30 2 * * *
@@ -1318,6 +1462,16 @@ export interface components {
             inputTokens: number;
             outputTokens: number;
             cachedTokens: number;
+        };
+        /** WaitingFor */
+        WaitingFor: {
+            /**
+             * @description `ownerRunningLimit`: its owner has FERRYMAN_OWNER_MAX_RUNNING sessions running (docs/tenants.md).
+             * @constant
+             */
+            reason: "ownerRunningLimit";
+            running: number;
+            limit: number;
         };
         /** Webhook */
         Webhook: {
@@ -1420,7 +1574,7 @@ export interface components {
          *     OpenAPI document lists them as the `Problem.code` enum).
          * @enum {string}
          */
-        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "METRICS_TOKEN_REQUIRED" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "TOOL_NOT_ALLOWED" | "MODEL_NOT_ALLOWED" | "APPROVAL_SEPARATE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
+        ProblemCode: "BAD_REQUEST" | "MALFORMED_JSON" | "INVALID_CURSOR" | "INVALID_PAGE_TOKEN" | "AUTH_REQUIRED" | "INVALID_API_KEY" | "METRICS_TOKEN_REQUIRED" | "TOKEN_INVALID" | "TOKEN_EXPIRED" | "TOKEN_KEYS_UNAVAILABLE" | "CROSS_SITE_REQUEST" | "LOCAL_MODE_NOT_LOCAL" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "ASSISTANT_NOT_FOUND" | "KEY_NOT_FOUND" | "ASSISTANT_LIMIT_REACHED" | "SCHEDULE_NOT_FOUND" | "SCHEDULE_LIMIT_REACHED" | "SCHEDULE_CRON_INVALID" | "SCHEDULE_TIMEZONE_INVALID" | "WEBHOOK_NOT_FOUND" | "WEBHOOK_LIMIT_REACHED" | "WEBHOOK_TARGET_REFUSED" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "SESSION_ALREADY_TERMINAL" | "IDEMPOTENCY_KEY_REUSED" | "APPROVAL_NOT_PENDING" | "SESSION_NOT_COMPACTABLE" | "CLIENT_TOOL_NOT_PENDING" | "FORK_SEQ_OUT_OF_RANGE" | "FORK_NOT_USER_MESSAGE" | "FORK_TOO_LONG" | "DELEGATE_CYCLE" | "TOOL_NOT_ALLOWED" | "MODEL_NOT_ALLOWED" | "APPROVAL_SEPARATE" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "HOST_NOT_ALLOWED" | "VALIDATION_ERROR" | "TOO_MANY_STREAMS" | "OWNER_QUEUE_FULL" | "RATE_LIMITED" | "HTTP_ERROR" | "INTERNAL_ERROR" | "DATABASE_UNAVAILABLE" | "NOT_READY" | "THREAD_EXISTS" | "THREAD_BUSY" | "RUN_NOT_FOUND" | "NO_PENDING_INTERRUPT" | "INPUT_NOT_SUPPORTED" | "NOT_SERVED" | "ASSISTANT_EXISTS";
         /**
          * SessionError
          * @description Why a session failed.
@@ -2781,6 +2935,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Service Unavailable */
             503: {
                 headers: {
@@ -3195,6 +3358,15 @@ export interface operations {
             };
             /** @description Unprocessable Entity */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5166,6 +5338,299 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listKeys: {
+        parameters: {
+            query?: {
+                /** @description Only its keys. */
+                owner?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    createKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateKey"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedKey"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    revokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                key_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    updateKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                key_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateKey"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiKey"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         ToolInfo,
         Transcript,
         Usage,
+        WaitingFor,
     )
     from ferryman.sdk import AsyncFerryman, Ferryman, RawFerryman
 
@@ -108,6 +109,7 @@ _MODELS = (
     "ToolInfo",
     "Transcript",
     "Usage",
+    "WaitingFor",
 )
 _LAZY = {
     **dict.fromkeys(_ERRORS, "ferryman.errors"),
@@ -177,4 +179,5 @@ __all__ = [
     "UnprocessableEntityError",
     "UnsupportedMediaTypeError",
     "Usage",
+    "WaitingFor",
 ]

@@ -178,6 +178,7 @@ def create_session(
     assistant_id: str | None = None,
     assistant_version: int | None = None,
     delegates: list[str] | None = None,
+    priority: int | None = None,
 ) -> Call[Session]:
     fields = {
         "prompt": prompt,
@@ -192,6 +193,7 @@ def create_session(
         "script": script,
         "metadata": metadata,
         "delegates": delegates,
+        "priority": priority,
     }
     body = {name: value for name, value in fields.items() if value is not None}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None

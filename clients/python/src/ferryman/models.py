@@ -115,6 +115,13 @@ class AssistantVersions(Model):
     next_page_token: str | None = None
 
 
+class WaitingFor(Model):
+    # Why a queued session is not claimed yet: "ownerRunningLimit" (docs/tenants.md).
+    reason: str
+    running: int
+    limit: int
+
+
 class ScheduleRef(Model):
     id: str
     fired_at: datetime  # the tick it fired for
@@ -235,6 +242,10 @@ class Session(Model):
     # The assistants it may delegate to (None: none); a child's delegate call (None: none).
     delegates: list[str] | None = None
     parent: Parent | None = None
+    # Its claim priority, higher first (0: the default, or an older server).
+    priority: int = 0
+    # Why it waits while queued, when a limit holds it (None: none does).
+    waiting_for: WaitingFor | None = None
 
     @property
     def terminal(self) -> bool:

@@ -112,13 +112,15 @@ class Ferryman(ClientBase):
         assistant_id: str | None = None,
         assistant_version: int | None = None,
         delegates: list[str] | None = None,
+        priority: int | None = None,
     ) -> Session:
         """Create a queued session, or without `prompt` an idle one that runs at its first
         `send_message`. With `assistant_id`, the session runs that assistant's definition (at
         `assistant_version`, default its latest), overridden by the fields given here.
         `model_settings` and `script` are sent as they are (wire names: `maxTokens`,
         `toolCalls`, ...). The same `idempotency_key` and body give back the same session.
-        `delegates`: ids of assistants the session may hand work to (docs/delegation.md)."""
+        `delegates`: ids of assistants the session may hand work to (docs/delegation.md).
+        `priority`: -100..100, higher claimed first (unset: the key's, else 0)."""
         return self._call(
             _core.create_session(
                 prompt,
@@ -134,6 +136,7 @@ class Ferryman(ClientBase):
                 assistant_id=assistant_id,
                 assistant_version=assistant_version,
                 delegates=delegates,
+                priority=priority,
             )
         )
 
@@ -443,6 +446,7 @@ class RawFerryman:
         assistant_id: str | None = None,
         assistant_version: int | None = None,
         delegates: list[str] | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any]:
         return self._call(
             _core.create_session(
@@ -459,6 +463,7 @@ class RawFerryman:
                 assistant_id=assistant_id,
                 assistant_version=assistant_version,
                 delegates=delegates,
+                priority=priority,
             )
         )
 
@@ -688,6 +693,7 @@ class AsyncFerryman(ClientBase):
         assistant_id: str | None = None,
         assistant_version: int | None = None,
         delegates: list[str] | None = None,
+        priority: int | None = None,
     ) -> Session:
         """See `Ferryman.create_session`."""
         return await self._call(
@@ -705,6 +711,7 @@ class AsyncFerryman(ClientBase):
                 assistant_id=assistant_id,
                 assistant_version=assistant_version,
                 delegates=delegates,
+                priority=priority,
             )
         )
 

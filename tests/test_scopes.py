@@ -239,6 +239,12 @@ async def test_forks_and_schedules_are_checked(
         assert wide.status_code == 201, wide.text
     refused = await limited.post(f"/api/agent/{wide.json()['id']}/fork", json={"atSeq": 1})
     assert assert_problem(refused, 403, "TOOL_NOT_ALLOWED")["tools"] == ["sleep"]
+    # Nor send it a message, which would run those tools; its own session takes one.
+    message = {"text": "and then?"}
+    steered = await limited.post(f"/api/agent/{wide.json()['id']}/messages", json=message)
+    assert assert_problem(steered, 403, "TOOL_NOT_ALLOWED")["tools"] == ["sleep"]
+    own = await limited.post(f"/api/agent/{owner_sid}/messages", json=message)
+    assert own.status_code == 202, own.text
 
     schedule = {"cron": "0 3 * * *", **session()}
     made = await limited.post("/api/schedules", json=schedule)

@@ -16,7 +16,11 @@ from fastapi import APIRouter, Header, Path, Query, Response, status
 from fastapi.responses import JSONResponse
 
 from app.api import schemas
-from app.api.definitions import assistant_request_fingerprint, resolve_session
+from app.api.definitions import (
+    assistant_request_fingerprint,
+    check_caller_definition,
+    resolve_session,
+)
 from app.api.deps import Caller, CallerDep, DatabaseDep, Owner, ServicesDep
 from app.api.limits import COUNTS_CREATE, COUNTS_MESSAGE, check_queue
 from app.api.openapi import problems
@@ -313,12 +317,18 @@ async def _wait_terminal(
     responses=problems(*SESSION_ERRORS, *BODY_ERRORS, 429),
 )
 async def post_message(
-    session_id: SessionId, body: schemas.PostMessage, owner: Owner, services: ServicesDep
+    session_id: SessionId, body: schemas.PostMessage, caller: CallerDep, services: ServicesDep
 ) -> dict[str, Any]:
     """429 OWNER_QUEUE_FULL when it would queue the session (it is idle, waiting or
     finished) and its owner has FERRYMAN_OWNER_MAX_QUEUED queued; RATE_LIMITED past the key's
-    messages a minute."""
+    messages a minute; 403 TOOL_NOT_ALLOWED / MODEL_NOT_ALLOWED when the session (made by
+    another key of the owner) runs what the caller's key may not use."""
+    owner = caller.owner
     sid = parse_session_id(session_id)
+    if "tools" in caller.policy or "models" in caller.policy:  # one read, for scoped keys alone
+        async with services.db.connection() as conn:
+            row = await session_store.get_session(conn, owner, sid)
+        check_caller_definition(services, caller, row["tools"], row["model"])
     max_queued = services.settings.owner_max_queued
     async with services.db.transaction() as conn:
         event, delivery = await session_store.post_message(

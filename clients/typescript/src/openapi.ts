@@ -117,7 +117,8 @@ export interface paths {
          * Post Message
          * @description 429 OWNER_QUEUE_FULL when it would queue the session (it is idle, waiting or
          *     finished) and its owner has FERRYMAN_OWNER_MAX_QUEUED queued; RATE_LIMITED past the key's
-         *     messages a minute.
+         *     messages a minute; 403 TOOL_NOT_ALLOWED / MODEL_NOT_ALLOWED when the session (made by
+         *     another key of the owner) runs what the caller's key may not use.
          */
         post: operations["postMessage"];
         delete?: never;

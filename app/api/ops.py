@@ -121,13 +121,11 @@ async def metrics(services: ServicesDep) -> Response:
 
 
 async def _owner_queues(services: Services) -> None:
-    """Set the queue gauges. Owners are named only where /metrics is no tenant's to read (local
-    mode, or FERRYMAN_METRICS_TOKEN set): else every owner is `other`."""
-    settings = services.settings
-    named = settings.auth_mode == "local" or settings.metrics_token is not None
+    """Set the queue gauges. Owners are named: /metrics is the operator's alone (local mode,
+    or FERRYMAN_METRICS_TOKEN, which keys and jwt mode require)."""
     try:
         async with asyncio.timeout(2), services.db.connection() as conn:
-            rows = await limit_store.owner_queues(conn, TOP_OWNERS if named else 0)
+            rows = await limit_store.owner_queues(conn, TOP_OWNERS)
     except _NOT_READY_ERRORS:
         return  # the gauges keep their last values
     QUEUE_DEPTH.clear()

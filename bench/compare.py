@@ -40,7 +40,31 @@ Per unit, over the window from "go" to the last finished unit:
   included, through the postmaster's reaped-children times), minus the observer's backend.
 
 The table shows the median over rounds; each round follows, and Ferryman's units/s ratio to
-each peer, both from the medians and within each round.
+each peer, both from the medians and within each round. Beside each system, the pgbench-derived
+ceiling: pgbench -N's commits/s (one write commit per transaction) divided by the system's write
+commits per unit, the units/s PostgreSQL could carry if the unit's writes were all it did; and
+the units/s as a share of it.
+
+End to end (create, then run): `--end-to-end` creates the units inside the measured window.
+
+    python -m bench.compare --end-to-end --units 2000 --rounds 2 --baseline ../baseline
+
+The `setup` child only installs the schema. Before "go", beside the gated workers: for Ferryman
+an API process (`ferryman serve --no-worker` of the system's checkout) and
+bench.create_throughput's clients, `--in-flight` HTTP/1.1 keep-alive connections (32) over
+`--client-processes` processes (4), opened before the window; each unit is a `POST /api/agent`
+with the scripted session `setup` would create (`ferryman_session.CREATE_BODY`) and an
+Idempotency-Key of its own, every answer a 201. For DBOS, which has no HTTP API of its own, the
+same number of client processes of the application, each with DBOS launched (no queue to
+listen to), enqueue through DBOS's own `Queue.enqueue` from as many threads as the HTTP clients
+have connections (bench.peers.dbos_workflow `enqueue`). Then 11 s, so that the idle backends of
+the API or the clients report their start-up's counts before the counters are read (an idle
+backend may hold them 10 s). "go" lets the workers and the clients go at once: the window runs
+from the first create to the last finished unit, and every figure above covers the creates too
+(their write commits, transactions, statements and server CPU). Two more columns: API CPU, of
+Ferryman's API process; client CPU, of the client processes (Ferryman's are load generators
+only; DBOS's do the enqueues, DBOS's own code in them). Only Ferryman (and `--baseline`) and
+DBOS have this mode: `ferryman,dbos-fast` unless `--systems` names others.
 """
 
 from __future__ import annotations
@@ -59,7 +83,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Interface
 from pathlib import Path
@@ -171,6 +195,10 @@ class Result:
     top: list[tuple[int, float, str]] = field(default_factory=list)
     first_start: float | None = None  # s from "go" to the first unit's start
     load: float | None = None  # the 1-minute load average when the units were done
+    # --end-to-end: the API process's CPU (Ferryman), the client processes' (Ferryman's HTTP
+    # clients; DBOS's enqueuing processes, DBOS's library in them)
+    api_cpu: float | None = None
+    client_cpu: float | None = None
 
     def per_unit(self, value: float) -> float:
         return value / self.units
@@ -190,6 +218,12 @@ class Result:
                 None if self.worker_cpu is None else self.per_unit(self.worker_cpu) * 1000
             ),
             "server CPU ms / unit": self.per_unit(self.server_cpu) * 1000,
+            "API CPU ms / unit": None
+            if self.api_cpu is None
+            else self.per_unit(self.api_cpu) * 1000,
+            "client CPU ms / unit": (
+                None if self.client_cpu is None else self.per_unit(self.client_cpu) * 1000
+            ),
         }
 
 
@@ -458,29 +492,19 @@ def run_setup(system: System, url: str, units: int, concurrency: int, logs: Path
         raise RuntimeError(f"{system.key} setup failed ({code}):\n{tail}")
 
 
-def start_workers(
-    system: System, url: str, workers: int, concurrency: int, logs: Path, tag: str
+def start_gated(
+    system: System, commands: list[list[str]], logs: Path, names: list[str]
 ) -> list[subprocess.Popen[bytes]]:
+    """Start `python -m <system's module> <command>` for each command, logged to
+    `logs`/NAME.log, and wait until each has created `logs`/NAME.ready (it then waits for "go" on
+    its stdin: bench.peers.common.wait_for_go)."""
     procs = []
-    for index in range(workers):
-        ready = logs / f"{tag}-worker-{index}.ready"
+    for command, name in zip(commands, names, strict=True):
+        ready = logs / f"{name}.ready"
         ready.unlink(missing_ok=True)
-        with open(logs / f"{tag}-worker-{index}.log", "wb") as out:
+        with open(logs / f"{name}.log", "wb") as out:
             proc = subprocess.Popen(
-                [
-                    system.python,
-                    "-m",
-                    system.module.__name__,
-                    "worker",
-                    "--url",
-                    url,
-                    "--index",
-                    str(index),
-                    "--concurrency",
-                    str(concurrency),
-                    "--ready",
-                    str(ready),
-                ],
+                [system.python, "-m", system.module.__name__, *command, "--ready", str(ready)],
                 cwd=system.cwd,
                 stdin=subprocess.PIPE,
                 stdout=out,
@@ -490,14 +514,178 @@ def start_workers(
         CHILDREN.append(proc)
         procs.append(proc)
     deadline = time.monotonic() + 120
-    for index, proc in enumerate(procs):
-        ready = logs / f"{tag}-worker-{index}.ready"
+    for name, proc in zip(names, procs, strict=True):
+        ready = logs / f"{name}.ready"
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (logs / f"{tag}-worker-{index}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{tag} worker {index} not ready:\n{tail}")
+                tail = (logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} not ready:\n{tail}")
             time.sleep(0.05)
     return procs
+
+
+def send_go(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+
+
+def start_workers(
+    system: System, url: str, workers: int, concurrency: int, logs: Path, tag: str
+) -> list[subprocess.Popen[bytes]]:
+    return start_gated(
+        system,
+        [
+            ["worker", "--url", url, "--index", str(index), "--concurrency", str(concurrency)]
+            for index in range(workers)
+        ],
+        logs,
+        [f"{tag}-worker-{index}" for index in range(workers)],
+    )
+
+
+def shares(units: int, processes: int) -> list[tuple[int, int]]:
+    """(first unit, units) of each of `processes` clients: `units` split as evenly as can be."""
+    out, first = [], 0
+    for index in range(processes):
+        count = units // processes + (index < units % processes)
+        out.append((first, count))
+        first += count
+    return out
+
+
+class Front:
+    """--end-to-end: what creates the units inside the measured window, started before it."""
+
+    def go(self) -> None:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise if a part of it failed."""
+
+    def finish(self) -> tuple[float | None, float]:
+        """Once every unit is done: (API CPU s, or None without an API process; client CPU s)."""
+        raise NotImplementedError
+
+    def freeze(self) -> None:
+        """SIGSTOP whatever is still connected to the database."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class HttpFront(Front):
+    """Ferryman: an API process (`ferryman serve --no-worker`, of the system's checkout) and
+    bench.create_throughput's HTTP/1.1 keep-alive clients, `--in-flight` connections over
+    `--client-processes` processes, every create `POST /api/agent` with the scripted session
+    (`ferryman_session.CREATE_BODY`) and an Idempotency-Key of its own."""
+
+    def __init__(self, system: System, url: str, args: argparse.Namespace, logs: Path, tag: str):
+        from bench.create_throughput import Checkout, Drivers, start_server
+
+        port = free_port()
+        checkout = Checkout(system.key, system.checkout or REPO)
+        self.server = start_server(checkout, "api", url, port, logs / f"{tag}-api.log", None)
+        self.drivers = Drivers(
+            port,
+            args.units,
+            args.in_flight,
+            args.client_processes,
+            tag,
+            ferryman_session.CREATE_BODY,
+        )
+        self.tag = tag
+        self.api_before = 0.0
+
+    def go(self) -> None:
+        self.api_before = tree_cpu(self.server.pid, gone=0.0)
+        self.drivers.go()
+
+    def check(self) -> None:
+        if self.server.poll() is not None:
+            raise RuntimeError(f"{self.tag}: the API process exited ({self.server.returncode})")
+        if errors := self.drivers.errors():
+            raise RuntimeError(f"{self.tag}: {len(errors)} failed creates: {errors[:3]}")
+
+    def finish(self) -> tuple[float | None, float]:
+        clients = self.drivers.collect(timeout=60)
+        if clients.errors:
+            raise RuntimeError(f"{self.tag}: {len(clients.errors)} failed: {clients.errors[:3]}")
+        return tree_cpu(self.server.pid, gone=0.0) - self.api_before, clients.cpu
+
+    def freeze(self) -> None:
+        self.server.send_signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        self.drivers.stop()
+        stop_process(self.server, timeout=20)
+
+
+class EnqueueFront(Front):
+    """DBOS: `--client-processes` processes of the application enqueueing through DBOS's own
+    API, `--in-flight` enqueues in flight over them (bench.peers.dbos_workflow `enqueue`)."""
+
+    def __init__(self, system: System, url: str, args: argparse.Namespace, logs: Path, tag: str):
+        processes = args.client_processes
+        threads = shares(args.in_flight, processes)
+        self.names = [f"{tag}-client-{index}" for index in range(processes)]
+        self.logs = logs
+        self.procs = start_gated(
+            system,
+            [
+                [
+                    "enqueue",
+                    "--url",
+                    url,
+                    "--index",
+                    str(index),
+                    "--first",
+                    str(first),
+                    "--units",
+                    str(count),
+                    "--threads",
+                    str(max(1, threads[index][1])),
+                    "--out",
+                    str(logs / f"{name}.cpu"),
+                ]
+                for index, ((first, count), name) in enumerate(
+                    zip(shares(args.units, processes), self.names, strict=True)
+                )
+            ],
+            logs,
+            self.names,
+        )
+
+    def go(self) -> None:
+        send_go(self.procs)
+
+    def check(self) -> None:
+        for name, proc in zip(self.names, self.procs, strict=True):
+            if proc.poll():
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{tail}")
+
+    def finish(self) -> tuple[float | None, float]:
+        for proc in self.procs:
+            proc.wait(60)
+        self.check()
+        return None, sum(float((self.logs / f"{n}.cpu").read_text()) for n in self.names)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_process(proc, timeout=10)
+
+
+FRONTS: dict[ModuleType, Callable[..., Front]] = {
+    ferryman_session: HttpFront,
+    dbos_workflow: EnqueueFront,
+}
+END_TO_END = ("ferryman", "dbos-fast")  # --end-to-end's systems unless --systems names others
+
+
+def start_front(system: System, url: str, args: argparse.Namespace, logs: Path, tag: str) -> Front:
+    return FRONTS[system.module](system, url, args, logs, tag)
 
 
 def run_system(
@@ -505,14 +693,23 @@ def run_system(
 ) -> Result:
     concurrency = args.concurrency if system.concurrency is None else system.concurrency
     name = re.sub(r"\W", "_", f"cmp_{tag}")
+    end_to_end = args.end_to_end
+    front: Front | None = None
+    api_cpu: float | None = None
+    client_cpu: float | None = None
     with cluster.database(name) as url:
-        log(f"{tag}: setup, {args.units} units ...")
-        run_setup(system, url, args.units, concurrency, logs, tag)
+        log(f"{tag}: setup, {0 if end_to_end else args.units} units ...")
+        run_setup(system, url, 0 if end_to_end else args.units, concurrency, logs, tag)
         procs = start_workers(system, url, args.workers, concurrency, logs, tag)
         measured = False
         try:
             with psycopg.connect(cluster.url, autocommit=True) as admin:
                 wait_idle(admin, name)
+                if end_to_end:
+                    front = start_front(system, url, args, logs, tag)
+                    # Its connections are open and idle: an idle backend reports its counts
+                    # within 10 s, so that its start-up stays out of the window's.
+                    time.sleep(11)
                 admin.execute("SELECT pg_stat_statements_reset()")
                 before = read_counters(admin, name)
                 # The observer polls for completion; its transactions are counted (`polls`) and
@@ -526,10 +723,9 @@ def run_system(
                 workers_before = sum(tree_cpu(p.pid, gone=0.0) for p in procs)
                 started_wall = time.time()
                 started = time.monotonic()
-                for proc in procs:
-                    assert proc.stdin is not None
-                    proc.stdin.write(b"go\n")
-                    proc.stdin.flush()
+                send_go(procs)
+                if front is not None:
+                    front.go()
                 log(f"{tag}: {args.workers} workers x {concurrency or 'defaults'}, go")
                 done, last_report = 0, started
                 deadline = started + args.timeout
@@ -548,13 +744,19 @@ def run_system(
                                 -3000:
                             ]
                             raise RuntimeError(f"{tag} worker {index} exited:\n{tail}")
+                    if front is not None:
+                        front.check()
                     if now > deadline:
                         raise RuntimeError(f"{tag}: {done}/{args.units} after {args.timeout} s")
                 observed = time.monotonic() - started
                 workers_after = sum(tree_cpu(p.pid, gone=0.0) for p in procs)
+                if front is not None:
+                    api_cpu, client_cpu = front.finish()
                 server_after = cluster.server_cpu(exclude=observer_pid)
                 for proc in procs:  # frozen: nothing more from them in the counts
                     proc.send_signal(signal.SIGSTOP)
+                if front is not None:
+                    front.freeze()
                 row = observer.execute(
                     f"SELECT ({system.module.STARTED_SQL}), ({system.module.FINISHED_SQL})"
                 ).fetchone()
@@ -582,6 +784,8 @@ def run_system(
             # reconnections (DBOS retries until the database answers).
             for proc in procs:
                 stop_process(proc, kill=measured)
+            if front is not None:
+                front.stop()
     total_calls = sum(c for c, _, _ in calls)
     sql_calls = sum(c for c, _, q in calls if not TRANSACTION_CONTROL.match(q))
     result = Result(
@@ -601,6 +805,8 @@ def run_system(
         top=calls[: args.top],
         first_start=first,
         load=os.getloadavg()[0],
+        api_cpu=api_cpu,
+        client_cpu=client_cpu,
     )
     log(f"{tag}: {summary(result)}")
     return result
@@ -663,19 +869,25 @@ COLUMNS = [
     "worker CPU ms / unit",
     "server CPU ms / unit",
 ]
+# Shown when a result has them (--end-to-end).
+FRONT_COLUMNS = ["API CPU ms / unit", "client CPU ms / unit"]
+# pgbench's commits/s over the unit's write commits, and the units/s's share of that.
+CEILING_COLUMNS = ["pgbench ceiling units/s", "share of ceiling"]
 
 
 def fmt(column: str, value: float | None) -> str:
     if value is None:
         return ""
-    if column == "units/s":
+    if column == "share of ceiling":
+        return f"{value:.0%}"
+    if column in ("units/s", "pgbench ceiling units/s"):
         return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
 def summary(result: Result) -> str:
     row = result.row()
-    return ", ".join(f"{fmt(c, row[c])} {c}" for c in COLUMNS if row[c] is not None) + (
+    return ", ".join(f"{fmt(c, v)} {c}" for c, v in row.items() if v is not None) + (
         f" ({timing(result)}; {result.rollbacks} rollbacks)"
     )
 
@@ -688,20 +900,32 @@ def timing(result: Result) -> str:
     return f"{result.seconds:.2f} s{first}{load}"
 
 
+def with_ceiling(row: dict[str, float | None], ceiling: Result) -> dict[str, float | None]:
+    """`row` with the pgbench-derived ceiling: pgbench -N's commits/s (one write commit each)
+    divided by the unit's write commits, and the units/s as a share of it."""
+    rate, commits = row["units/s"], row["write commits / unit"]
+    if not rate or not commits:
+        return {**row, "pgbench ceiling units/s": None, "share of ceiling": None}
+    most = ceiling.rate / commits
+    return {**row, "pgbench ceiling units/s": most, "share of ceiling": rate / most}
+
+
 def median_row(results: list[Result]) -> dict[str, float | None]:
     rows = [r.row() for r in results]
     out: dict[str, float | None] = {}
-    for column in COLUMNS:
+    for column in rows[0]:
         values = [row[column] for row in rows if row[column] is not None]
         out[column] = statistics.median(values) if values else None  # type: ignore[type-var]
     return out
 
 
 def table(rows: list[tuple[str, str, dict[str, float | None], str]]) -> str:
-    head = ["system", "unit", *COLUMNS, "Ferryman's units/s ratio"]
+    front = [c for c in FRONT_COLUMNS if any(row.get(c) is not None for _, _, row, _ in rows)]
+    columns = [*COLUMNS, *front, *CEILING_COLUMNS]
+    head = ["system", "unit", *columns, "Ferryman's units/s ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for label, unit, row, ratio in rows:
-        cells = [label, unit, *(fmt(c, row[c]) for c in COLUMNS), ratio]
+        cells = [label, unit, *(fmt(c, row.get(c)) for c in columns), ratio]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -718,7 +942,7 @@ def report(ceiling: Result, rounds: list[dict[str, Result]], order: list[str], t
         (
             SYSTEMS[key].label,
             SYSTEMS[key].unit,
-            medians[key],
+            with_ceiling(medians[key], ceiling),
             "" if key == "ferryman" else ratio(medians[key]["units/s"], ferryman),
         )
         for key in order
@@ -731,7 +955,7 @@ def report(ceiling: Result, rounds: list[dict[str, Result]], order: list[str], t
             (
                 f"{results[key].label} ({timing(results[key])})",
                 results[key].unit,
-                results[key].row(),
+                with_ceiling(results[key].row(), ceiling),
                 "" if key == "ferryman" else ratio(results[key].rate, mine),
             )
             for key in results
@@ -772,6 +996,13 @@ def header(args: argparse.Namespace, cluster: Cluster) -> str:
         f" Python {sys.version.split()[0]}; {server}; {peers}\n"
         f"{args.units} units per system per round, {args.workers} worker processes each,"
         f" concurrency {args.concurrency} per worker (see bench/peers for each system's knob)"
+        + (
+            f"\nend to end: the units created inside the window, {args.in_flight} in flight over"
+            f" {args.client_processes} client processes (Ferryman: HTTP to one API process;"
+            " DBOS: its enqueue API in the client processes)"
+            if args.end_to_end
+            else ""
+        )
     )
 
 
@@ -793,8 +1024,20 @@ def main() -> int:
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument(
         "--systems",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated, from: {', '.join(SYSTEMS)}",
+        help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: all; with --end-to-end:"
+        f" {','.join(END_TO_END)})",
+    )
+    parser.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="create the units inside the measured window (Ferryman: over HTTP to an API"
+        " process; DBOS: its enqueue API from client processes); see the docstring",
+    )
+    parser.add_argument(
+        "--in-flight", type=int, default=32, help="--end-to-end: creates in flight, in all"
+    )
+    parser.add_argument(
+        "--client-processes", type=int, default=4, help="--end-to-end: client processes"
     )
     parser.add_argument("--timeout", type=float, default=900, help="s per system per round")
     parser.add_argument("--poll", type=float, default=0.05, help="s between completion checks")
@@ -816,12 +1059,16 @@ def main() -> int:
             label=f"Ferryman at {args.baseline}",
             checkout=args.baseline.resolve(),
         )
-        if "baseline" not in args.systems:
-            args.systems += ",baseline"
+    if args.systems is None:
+        args.systems = ",".join(END_TO_END if args.end_to_end else SYSTEMS)
+    if args.baseline and "baseline" not in args.systems:
+        args.systems += ",baseline"
     order = [key.strip() for key in args.systems.split(",") if key.strip()]
     unknown = [key for key in order if key not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems: {', '.join(unknown)}")
+    if args.end_to_end and (without := [key for key in order if SYSTEMS[key].module not in FRONTS]):
+        parser.error(f"no end-to-end mode for: {', '.join(without)}")
 
     signal.signal(signal.SIGTERM, _interrupted)
     signal.signal(signal.SIGHUP, _interrupted)

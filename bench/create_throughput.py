@@ -50,6 +50,7 @@ import json
 import multiprocessing
 import os
 import pstats
+import queue
 import re
 import signal
 import statistics
@@ -122,9 +123,8 @@ async def _connection(
 
 
 async def _client(
-    port: int, creates: int, in_flight: int, prefix: str, ready: Any, go: Event
-) -> tuple[list[float], list[str]]:
-    body = json.dumps(BODY).encode()
+    port: int, creates: int, in_flight: int, prefix: str, ready: Any, go: Event, body: bytes
+) -> tuple[list[float], list[str], float]:
     todo = list(range(creates))
     latencies: list[float] = []
     errors: list[str] = []
@@ -132,58 +132,112 @@ async def _client(
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(in_flight)]
     ready.put(True)
     await asyncio.get_running_loop().run_in_executor(None, go.wait)
+    cpu = time.process_time()
     await asyncio.gather(
         *(_connection(conn, port, body, prefix, todo, latencies, errors) for conn in conns)
     )
-    return latencies, errors
+    return latencies, errors, time.process_time() - cpu
 
 
 def client_process(
-    port: int, creates: int, in_flight: int, prefix: str, ready: Any, go: Event, out: Any
+    port: int,
+    creates: int,
+    in_flight: int,
+    prefix: str,
+    ready: Any,
+    go: Event,
+    out: Any,
+    body: bytes,
 ) -> None:
     try:
         try:
             import uvloop
 
-            result = uvloop.run(_client(port, creates, in_flight, prefix, ready, go))
+            result = uvloop.run(_client(port, creates, in_flight, prefix, ready, go, body))
         except ImportError:
-            result = asyncio.run(_client(port, creates, in_flight, prefix, ready, go))
+            result = asyncio.run(_client(port, creates, in_flight, prefix, ready, go, body))
     except Exception as exc:  # the server went away: say so, rather than leave the parent waiting
         ready.put(False)
-        result = ([], [f"client: {type(exc).__name__}: {exc}"])
+        result = ([], [f"client: {type(exc).__name__}: {exc}"], 0.0)
     out.put(result)
+
+
+class Drivers:
+    """`creates` creates over `in_flight` connections in `processes` processes, each create
+    with the JSON `body` and an Idempotency-Key of its own: started (connections open) by the
+    constructor, let go by `go`, their answers gathered by `collect`. `bench.compare
+    --end-to-end` drives its creates with these too."""
+
+    def __init__(
+        self,
+        port: int,
+        creates: int,
+        in_flight: int,
+        processes: int,
+        prefix: str,
+        body: dict[str, Any] = BODY,
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.ready, self.out, self._go = context.Queue(), context.Queue(), context.Event()
+        encoded = json.dumps(body).encode()
+        self.procs = []
+        for index in range(processes):
+            share = creates // processes + (index < creates % processes)
+            conns = in_flight // processes + (index < in_flight % processes)
+            proc = context.Process(
+                target=client_process,
+                args=(port, share, conns, f"{prefix}-{index}", self.ready, self._go, self.out),
+                kwargs={"body": encoded},
+                daemon=True,
+            )
+            proc.start()
+            self.procs.append(proc)
+        for _ in self.procs:
+            self.ready.get(timeout=120)
+        self.started = self.last = 0.0
+        self.results: list[tuple[list[float], list[str], float]] = []
+
+    def go(self) -> None:
+        self.started = time.perf_counter()
+        self._go.set()
+
+    def _gathered(self, result: tuple[list[float], list[str], float]) -> None:
+        self.results.append(result)
+        self.last = time.perf_counter()
+
+    def errors(self) -> list[str]:
+        """The failures of the clients done so far (their answers gathered without waiting)."""
+        with contextlib.suppress(queue.Empty):
+            while len(self.results) < len(self.procs):
+                self._gathered(self.out.get_nowait())
+        return [error for _, errors, _ in self.results for error in errors]
+
+    def collect(self, timeout: float = 600) -> Clients:
+        """Wait for every client's last answer; the window is from `go` to the last one."""
+        while len(self.results) < len(self.procs):
+            self._gathered(self.out.get(timeout=timeout))
+        for proc in self.procs:
+            proc.join(10)
+        return Clients(
+            self.last - self.started,
+            [latency for latencies, _, _ in self.results for latency in latencies],
+            [error for _, errors, _ in self.results for error in errors],
+            sum(cpu for _, _, cpu in self.results),
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
 
 
 def drive(port: int, creates: int, in_flight: int, processes: int, prefix: str) -> Clients:
     """`creates` creates over `in_flight` connections in `processes` processes; the window is
     from "go" to the last process's last answer."""
-    context = multiprocessing.get_context("spawn")
-    ready, out, go = context.Queue(), context.Queue(), context.Event()
-    procs = []
-    for index in range(processes):
-        share = creates // processes + (index < creates % processes)
-        conns = in_flight // processes + (index < in_flight % processes)
-        proc = context.Process(
-            target=client_process,
-            args=(port, share, conns, f"{prefix}-{index}", ready, go, out),
-            daemon=True,
-        )
-        proc.start()
-        procs.append(proc)
-    for _ in procs:
-        ready.get(timeout=120)
-    started = time.perf_counter()
-    go.set()
-    latencies: list[float] = []
-    errors: list[str] = []
-    for _ in procs:
-        got, failed = out.get(timeout=600)
-        latencies += got
-        errors += failed
-    seconds = time.perf_counter() - started
-    for proc in procs:
-        proc.join(10)
-    return Clients(seconds, latencies, errors)
+    drivers = Drivers(port, creates, in_flight, processes, prefix)
+    drivers.go()
+    return drivers.collect()
 
 
 @dataclass
@@ -191,6 +245,7 @@ class Clients:
     seconds: float
     latencies: list[float]
     errors: list[str]
+    cpu: float = 0.0  # the client processes' own, from "go" to their last answer
 
 
 # --- the server -------------------------------------------------------------------------------

@@ -44,13 +44,9 @@ from app.db.pool import Database
 from app.domain import WebhookEventType
 from app.store import sessions as session_store
 from app.store import webhooks as webhook_store
+from bench.peers.ferryman_session import SCRIPT
 from tests.pgbouncer import PGBOUNCER, pgbouncer
 from tests.support import WorkerProcess, fresh_database, server_url
-
-SCRIPT = [
-    {"text": "noting", "toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]},
-    {"text": "done"},
-]
 
 
 def pgbench_binary() -> str:

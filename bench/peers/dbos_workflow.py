@@ -6,6 +6,12 @@ a tool result would be. The queue is registered by `setup` with its polling inte
 (`--polling`, seconds: DBOS's default is 1.0) and `worker_concurrency` (per worker process);
 each worker launches DBOS with its own executor id, and DBOS's queue thread dequeues from then
 on. Workers are told apart by executor id so that none recovers another's workflows at launch.
+
+`enqueue` (`bench.compare --end-to-end`) is one client process of an application that enqueues
+its share of the units through DBOS's own API (`Queue.enqueue`, from `--threads` threads, as
+many as the HTTP connections of a Ferryman client process): DBOS launched with no queue to
+listen to before the gate, the enqueues after it; it writes the CPU seconds it spent from the
+gate to its last enqueue to `--out` and exits.
 """
 
 from __future__ import annotations
@@ -96,6 +102,33 @@ def setup(url: str, units: int, polling: float, concurrency: int) -> None:
         DBOS.destroy()
 
 
+def enqueue(
+    url: str, index: int, units: int, first: int, threads: int, ready: str, out: str
+) -> None:
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from dbos import DBOS
+
+    workflow = _dbos(url, f"bench-client-{index}")
+    DBOS.listen_queues([])  # this process only enqueues
+    DBOS.launch()
+    queue = DBOS.retrieve_queue(QUEUE)
+    assert queue is not None, f"no queue {QUEUE}: run setup first"
+    with ThreadPoolExecutor(threads) as pool:
+        wait_for_go(ready)
+        cpu = time.process_time()
+        units_here = range(first, first + units)
+        for handle in pool.map(lambda unit: queue.enqueue(workflow, unit), units_here):
+            assert handle.workflow_id
+        cpu = time.process_time() - cpu
+    Path(out).write_text(f"{cpu}\n")
+    DBOS.destroy(workflow_completion_timeout_sec=0)
+    os._exit(0)
+
+
 def worker(url: str, index: int, ready: str) -> None:
     import os
     import signal
@@ -114,12 +147,14 @@ def worker(url: str, index: int, ready: str) -> None:
 
 
 def main() -> None:
-    root, setup_args, _ = parser(__doc__.split("\n\n")[0])
+    root, setup_args, _ = parser(__doc__.split("\n\n")[0], enqueue=True)
     setup_args.add_argument("--polling", type=float, default=1.0)
     setup_args.add_argument("--concurrency", type=int, default=16)
     args = root.parse_args()
     if args.command == "setup":
         setup(args.url, args.units, args.polling, args.concurrency)
+    elif args.command == "enqueue":
+        enqueue(args.url, args.index, args.units, args.first, args.threads, args.ready, args.out)
     else:
         worker(args.url, args.index, args.ready)
 

@@ -5,12 +5,16 @@
 `worker` imports what `ferryman worker` needs, waits at the gate, then runs the `ferryman
 worker --concurrency C` command itself in this process (its own start-up, the schema check
 and the worker's registration included, as a deployed worker would).
+
+`CREATE_BODY` is the same session as `POST /api/agent` takes it: what `bench.compare
+--end-to-end`'s clients send (`setup` then only migrates).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from bench.peers.common import parser, wait_for_go
 
@@ -20,6 +24,12 @@ DONE_SQL = "SELECT count(*) FROM sessions WHERE status = 'succeeded'"
 # The first event a worker wrote (events written at creation have attempt 0).
 STARTED_SQL = "SELECT extract(epoch FROM min(created_at)) FROM session_events WHERE attempt > 0"
 FINISHED_SQL = "SELECT extract(epoch FROM max(updated_at)) FROM sessions WHERE status = 'succeeded'"
+# The scripted model's turns (`bench.throughput`'s sessions too).
+SCRIPT: list[dict[str, Any]] = [
+    {"text": "noting", "toolCalls": [{"name": "put_note", "arguments": {"key": "k", "text": "v"}}]},
+    {"text": "done"},
+]
+CREATE_BODY = {"prompt": "session", "title": "s", "model": "scripted", "script": SCRIPT}
 
 
 def setup(url: str, units: int) -> None:

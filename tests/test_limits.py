@@ -352,3 +352,27 @@ async def test_protocol_threads_take_their_keys_priority(
         thread = (await http.post("/agent-protocol/threads", json={})).json()
         session = (await http.get(f"/api/agent/{thread['thread_id']}")).json()
         assert session["priority"] == 6
+
+
+async def test_the_keys_api_takes_the_scopes_of_a_policy(
+    limited: tuple[ServerProcess, str],
+) -> None:
+    """A key made over the keys API with `tools` and `models` is held to them (docs/tenants.md
+    "What a key may use"); a bad scope entry is 422 and makes no key."""
+    server, _ = limited
+    owner = f"scoped-{uuid.uuid4().hex[:8]}"
+    policy = {"tools": ["put_note"], "models": ["scripted"], "priority": 2}
+    async with client(server.url, ADMIN_TOKEN) as admin:
+        created = await admin.post("/api/keys", json={"owner": owner, "policy": policy})
+        assert created.status_code == 201, created.text
+        assert created.json()["policy"] == policy
+        bad = await admin.post("/api/keys", json={"owner": owner, "policy": {"tools": ["a b"]}})
+        assert_problem(bad, 422, "VALIDATION_ERROR")
+        listed = (await admin.get("/api/keys", params={"owner": owner})).json()["keys"]
+        assert len(listed) == 1
+    async with client(server.url, created.json()["key"]) as http:
+        ok = await http.post("/api/agent", json={"prompt": "hi", "tools": ["put_note"]})
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["priority"] == 2
+        wider = await http.post("/api/agent", json={"prompt": "hi", "tools": ["sleep"]})
+        assert assert_problem(wider, 403, "TOOL_NOT_ALLOWED")["tools"] == ["sleep"]

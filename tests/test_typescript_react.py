@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -117,8 +118,18 @@ def test_the_list_is_live_across_an_api_restart(page: Page, served: Stack) -> No
         first = made.json()["id"]
         row = page.locator(f".session[data-id='{first}']")
         expect(row).to_have_attribute("data-status", "succeeded")
-        # 409 SESSION_ALREADY_TERMINAL: taken as ended (answered before the restart below).
-        with page.expect_response(lambda response: "/cancel" in response.url):
+        # 409 SESSION_ALREADY_TERMINAL: taken as ended, the client reading the session again;
+        # both are answered before the restart below (a restart that cut the second read off
+        # would show its failure on the page).
+        session_path = f"/api/agent/{first}"
+        with (
+            page.expect_response(
+                lambda response: (
+                    response.request.method == "GET" and urlsplit(response.url).path == session_path
+                )
+            ),
+            page.expect_response(lambda response: "/cancel" in response.url),
+        ):
             row.locator(".cancel").click()
         served.restart_api()
         expect(page.locator(".connection")).to_have_text("live")

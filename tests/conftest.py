@@ -20,6 +20,8 @@ import pytest
 
 from app.db.pool import Database
 from tests.fake_provider import FakeProvider, serving
+from tests.llm.server import LlamaServer, llama_server, require_xllamacpp
+from tests.llm.tiny_model import write_tiny_model
 from tests.support import (
     WORKER_ENV,
     ServerProcess,
@@ -211,3 +213,12 @@ def fake(provider: FakeProvider) -> FakeProvider:
     """The module's fake provider with no answers queued and no requests seen."""
     provider.reset()
     return provider
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama.cpp's server on the tiny deterministic model, one per module that asks for it."""
+    require_xllamacpp()
+    model = write_tiny_model(tmp_path_factory.mktemp("llm") / "tiny.gguf")
+    with llama_server(model) as server:
+        yield server

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.budget_proxy import LimitingProxy, limiting_proxy, overlapping
-from tests.llm.server import LlamaServer, llama_server, require_xllamacpp
-from tests.llm.tiny_model import TICK, write_tiny_model
+from tests.llm.server import LlamaServer
+from tests.llm.tiny_model import TICK
 from tests.support import (
     TERMINAL,
     ServerProcess,
@@ -35,14 +35,6 @@ from tests.support import (
 )
 
 MODEL = "openai:tiny"
-
-
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    require_xllamacpp()
-    model = write_tiny_model(tmp_path_factory.mktemp("llm") / "tiny.gguf")
-    with llama_server(model) as server:
-        yield server
 
 
 @pytest.fixture

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.llm.server import LlamaServer, llama_server, require_xllamacpp
+from tests.llm.server import LlamaServer, require_xllamacpp
 from tests.llm.tiny_model import PLAIN_ANSWER, TICK, TOOL_ANSWER, write_tiny_model
 from tests.support import (
     TERMINAL,
@@ -34,14 +32,6 @@ from tests.support import (
 )
 
 MODEL = "openai:tiny"
-
-
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    require_xllamacpp()
-    model = write_tiny_model(tmp_path_factory.mktemp("llm") / "tiny.gguf")
-    with llama_server(model) as server:
-        yield server
 
 
 def env(llm: LlamaServer) -> dict[str, str]:

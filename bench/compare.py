@@ -460,6 +460,18 @@ def wait_idle(admin: psycopg.Connection[Any], database: str, timeout: float = 30
 # --- one system, one round --------------------------------------------------------------------
 
 
+def tear_down(cluster: Cluster, logs: Path, bench: str, whose: str) -> None:
+    """The end of a run, however it ended: every child stopped, the logs copied out when
+    BENCH_KEEP_LOGS says so, the PostgreSQL stopped."""
+    for proc in CHILDREN:
+        stop_process(proc, timeout=10)
+    if os.environ.get("BENCH_KEEP_LOGS") and logs.exists():
+        kept = Path(tempfile.mkdtemp(prefix=f"ferryman-{bench}-logs-"))
+        shutil.copytree(logs, kept, dirs_exist_ok=True)
+        log(f"{whose} logs kept in {kept}")
+    cluster.stop()
+
+
 def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
@@ -1099,13 +1111,7 @@ def main() -> int:
         log("interrupted: stopping everything ...")
         return 130
     finally:
-        for proc in CHILDREN:
-            stop_process(proc, timeout=10)
-        if os.environ.get("BENCH_KEEP_LOGS") and logs.exists():
-            kept = Path(tempfile.mkdtemp(prefix="ferryman-compare-logs-"))
-            shutil.copytree(logs, kept, dirs_exist_ok=True)
-            log(f"worker logs kept in {kept}")
-        cluster.stop()
+        tear_down(cluster, logs, "compare", "worker")
 
 
 if __name__ == "__main__":

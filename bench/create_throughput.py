@@ -56,7 +56,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -76,6 +75,7 @@ from bench.compare import (
     read_counters,
     statements,
     stop_process,
+    tear_down,
     wait_idle,
     with_database,
 )
@@ -553,15 +553,7 @@ def main() -> int:
         log("interrupted: stopping everything ...")
         return 130
     finally:
-        for proc in CHILDREN:
-            stop_process(proc, timeout=10)
-        if os.environ.get("BENCH_KEEP_LOGS") and logs.exists():
-            kept = Path(tempfile.mkdtemp(prefix="ferryman-creates-logs-"))
-            import shutil
-
-            shutil.copytree(logs, kept, dirs_exist_ok=True)
-            log(f"server logs kept in {kept}")
-        cluster.stop()
+        tear_down(cluster, logs, "creates", "server")
 
 
 if __name__ == "__main__":

@@ -70,9 +70,9 @@ PagesReader = Callable[[Connection, list[PageWant], int], Awaitable[Pages]]
 
 
 def _feed_heads(db: Database) -> Heads:
-    async def heads(keys: list[str]) -> dict[str, tuple[int, bool]]:
+    async def heads(keys: list[str], marker: str | None = None) -> dict[str, tuple[int, bool]]:
         async with db.connection() as conn:
-            return await event_store.feed_heads(conn, keys)
+            return await event_store.feed_heads(conn, keys, marker)
 
     return heads
 

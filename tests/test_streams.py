@@ -1301,3 +1301,74 @@ async def test_a_short_outage_closes_no_stream() -> None:
     finally:
         shutdown.set()
         await asyncio.wait_for(stream, 5)
+
+
+# --- the fallback poll and a LISTEN connection running behind -------------------------------
+
+
+class LateBus(Bus):
+    """A real bus (its own LISTEN connection) that hands each notification out `lag` s after it
+    came, in order: an API process's bus running behind under load."""
+
+    lag = 0.6
+
+    def _wake(self, key: str, body: str | None = None) -> None:
+        asyncio.get_running_loop().call_later(self.lag, super()._wake, key, body)
+
+
+async def test_the_fallback_poll_does_not_overtake_a_late_bus(database_url: str) -> None:
+    """A turn's last delta and its `assistant_message` commit together while the bus runs
+    behind, and the poll reads the moved head first. Woken at once, the feed would read the
+    message, the stream would send it, and then drop the delta as late (`in_order`): a token
+    lost. The poll waits until the bus has heard its own marker, sent after the head was
+    read, so the delta is in the feed first and goes out before the message."""
+    session_id = uuid.uuid4()
+    key = f"s:{session_id}"
+    log: dict[int, Event] = {}
+
+    def event(seq: int, type_: str, data: dict[str, Any]) -> Event:
+        return Event.of(seq, type_, {"id": str(seq), "type": type_, "seq": seq, "data": data})
+
+    log[1] = event(1, "session_start", {})
+
+    async def head() -> tuple[int, bool]:
+        return max(log), False
+
+    async def read(after: int, max_bytes: int) -> Page:
+        return Page([log[i] for i in sorted(log) if i > after], more=False)
+
+    async def heads(keys: list[str], marker: str | None = None) -> dict[str, tuple[int, bool]]:
+        if marker is not None:
+            async with await psycopg.AsyncConnection.connect(database_url) as conn:
+                await notify(conn, marker)  # committed as the connection closes
+        return {key: (max(log), False)}
+
+    bus = LateBus(database_url, [STREAMS_CHANNEL])
+    await bus.start()
+    await asyncio.wait_for(bus.connected.wait(), 10)
+    hub = FeedHub(bus, poll_interval=0.2, heads=heads)
+    chunks: list[bytes] = []
+    shutdown = asyncio.Event()
+    body = event_stream("session", hub, FeedSource(key, head, read), 1, LIVE, shutdown)
+    stream = asyncio.create_task(collect(body, chunks))
+    try:
+        await wait_until(lambda: any(f.event == "caught_up" for f in frames_in(chunks)))
+        # The run's last write: the turn's last delta, then the message (the key's own
+        # notification lost, so that only the poll wakes the feed).
+        envelope = json.dumps({"type": "message_delta", "afterSeq": 1, "chunk": 1, "text": "end"})
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_notify(%s, %s)",
+                (STREAMS_CHANNEL, f"{key}|1.1|message_delta|{envelope}"),
+            )
+        log[2] = event(2, "assistant_message", {"text": "end", "toolCalls": []})
+        await wait_until(
+            lambda: any(f.event == "assistant_message" for f in frames_in(chunks)), timeout=10
+        )
+        await asyncio.sleep(LateBus.lag + 0.2)  # a delta dropped as late would be gone by now
+    finally:
+        shutdown.set()
+        await asyncio.wait_for(stream, 5)
+        await bus.stop()
+    live = [f.event for f in frames_in(chunks) if f.event in ("message_delta", "assistant_message")]
+    assert live == ["message_delta", "assistant_message"], live

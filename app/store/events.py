@@ -17,7 +17,14 @@ from psycopg.types.json import Jsonb
 from app.db.pool import Connection
 from app.domain import check_owner_id
 from app.errors import FenceRefused, SessionNotFound
-from app.store.notify import OWNER_KEY_PREFIX, SESSION_KEY_PREFIX, notifying, owner_key, session_key
+from app.store.notify import (
+    OWNER_KEY_PREFIX,
+    SESSION_KEY_PREFIX,
+    notify,
+    notifying,
+    owner_key,
+    session_key,
+)
 from app.store.statements import statement
 
 Cursor = psycopg.AsyncCursor[DictRow]
@@ -351,10 +358,22 @@ async def owner_head(conn: Connection, owner_id: str) -> int:
     return int(row["last_id"]) if row else 0
 
 
-async def feed_heads(conn: Connection, keys: list[str]) -> dict[str, tuple[int, bool]]:
+async def feed_heads(
+    conn: Connection, keys: list[str], marker: str | None = None
+) -> dict[str, tuple[int, bool]]:
     """(newest id, gone) of the feeds named by their notification keys (`session_key`,
     `owner_key`), in one statement per kind: what the streams' fallback poll reads. A session
-    that no longer exists is gone."""
+    that no longer exists is gone. With `marker` (`marker_key`), the reads' transaction also
+    sends it, after every notification of the writes they saw (commit order)."""
+    if marker is None:
+        return await _feed_heads(conn, keys)
+    async with conn.transaction():
+        heads = await _feed_heads(conn, keys)
+        await notify(conn, marker)
+    return heads
+
+
+async def _feed_heads(conn: Connection, keys: list[str]) -> dict[str, tuple[int, bool]]:
     sessions = [
         key.removeprefix(SESSION_KEY_PREFIX) for key in keys if key.startswith(SESSION_KEY_PREFIX)
     ]

@@ -46,12 +46,20 @@ def session_key(session_id: UUID | str) -> str:
     return f"{SESSION_KEY_PREFIX}{session_id}"
 
 
+# A marker an API process's fallback poll sends itself (`streams.feed.FeedHub`): heard back,
+# it says the process's LISTEN connection has passed every notification committed before it.
+MARKER_KEY_PREFIX = "m:"
+
+
+def marker_key(token: UUID | str) -> str:
+    return f"{MARKER_KEY_PREFIX}{token}"
+
+
 def channel_of(key: str) -> str:
-    """The channel a key's notifications go on: the streams' keys (`s:`, `o:`) on
+    """The channel a key's notifications go on: the streams' keys (`s:`, `o:`, `m:`) on
     STREAMS_CHANNEL, the workers' (`work`, `workers`, `c:`, `i:`, `b:`) on RUNS_CHANNEL."""
-    return (
-        STREAMS_CHANNEL if key.startswith((SESSION_KEY_PREFIX, OWNER_KEY_PREFIX)) else RUNS_CHANNEL
-    )
+    streams = (SESSION_KEY_PREFIX, OWNER_KEY_PREFIX, MARKER_KEY_PREFIX)
+    return STREAMS_CHANNEL if key.startswith(streams) else RUNS_CHANNEL
 
 
 def inbox_key(session_id: UUID | str) -> str:

@@ -19,16 +19,18 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter
 
 from app.backoff import Backoff, Outage
 from app.bus import Bus
 from app.db.pool import UNAVAILABLE_ERRORS
+from app.store.notify import marker_key
 from app.streams.frames import (
     TURN_ENDS,
     Ephemeral,
@@ -540,8 +542,18 @@ def _moved(feed: Feed, head: tuple[int, bool] | None) -> bool:
     return last > feed.head or (gone and feed.source.closable and not feed.closed)
 
 
-# The heads of feeds, by key: (newest id, subject gone), for the fallback poll.
-Heads = Callable[[list[str]], Awaitable[dict[str, tuple[int, bool]]]]
+# How long, in poll intervals, a poll waits for the bus to hear its marker (`_heard_up_to`).
+MARKER_WAIT_POLLS = 4
+
+
+class Heads(Protocol):
+    """The heads of feeds, by key: (newest id, subject gone), for the fallback poll. With
+    `marker`, the read also sends the notification of that key, after those of the writes it
+    saw."""
+
+    def __call__(
+        self, keys: list[str], marker: str | None = None
+    ) -> Awaitable[dict[str, tuple[int, bool]]]: ...
 
 
 class FeedHub:
@@ -552,6 +564,12 @@ class FeedHub:
     subject went). A poll per feed cost two reads per feed and interval: at 1,000 session
     streams, 400 reads a second that held up the reads that had something to read. Without
     `heads`, the poll wakes every feed, and each reads for itself.
+
+    The poll wakes a feed only once the bus has handed out every notification committed before
+    its read (`_heard_up_to`): woken earlier, a feed read a turn's `assistant_message` while that
+    turn's last delta still waited in a LISTEN connection running behind, and the stream, having
+    sent the message, dropped the delta as late (`in_order`): at 2,000 streaming sessions, tokens
+    lost at the ends of turns.
 
     `shortcuts` (FERRYMAN_STREAM_SHORTCUTS): whether its streams may be written to directly and
     the process's heap trimmed after feeds go (app/streams/shortcuts.py). `outage_close`
@@ -578,6 +596,7 @@ class FeedHub:
         self.poll_interval = poll_interval
         self.heads = heads
         self.feeds: dict[str, Feed] = {}
+        self.marker = marker_key(uuid.uuid4())  # this process's own (`_heard_up_to`)
         self._shutdown_watch: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
         self._trim: asyncio.TimerHandle | None = None
@@ -593,15 +612,37 @@ class FeedHub:
             if self.heads is None:
                 moved = feeds
             else:
-                try:
-                    heads = await self.heads([feed.source.key for feed in feeds])
-                except UNAVAILABLE_ERRORS as exc:
-                    self.reads.failed(exc)
+                heads = await self._read_heads(self.heads, feeds)
+                if heads is None:
                     continue
-                self.reads.succeeded()
                 moved = [feed for feed in feeds if _moved(feed, heads.get(feed.source.key))]
             for feed in moved:
                 feed.wake()
+
+    async def _read_heads(
+        self, heads: Heads, feeds: list[Feed]
+    ) -> dict[str, tuple[int, bool]] | None:
+        """The heads of `feeds`, once the bus has heard what was sent before they were read;
+        None when the database could not be read."""
+        heard = asyncio.Event()
+        with self.bus.subscribe(self.marker, lambda _body: heard.set()):
+            try:
+                got = await heads([feed.source.key for feed in feeds], self.marker)
+            except UNAVAILABLE_ERRORS as exc:
+                self.reads.failed(exc)
+                return None
+            self.reads.succeeded()
+            await self._heard_up_to(heard)
+        return got
+
+    async def _heard_up_to(self, marker: asyncio.Event) -> None:
+        """Wait until the bus hears the poll's marker, so every notification sent before it has
+        reached its feed. A connected bus hears it, however far behind it runs (and a bus that
+        reconnects wakes every waiter), so the bound is only a backstop. With the bus down
+        nothing is being heard: no wait."""
+        if self.bus.connected.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(marker.wait(), MARKER_WAIT_POLLS * self.poll_interval)
 
     def _give_up(self) -> None:
         """Close every stream: this process cannot read the log. A stream that opens later

@@ -77,6 +77,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.sse_client import (
     Clients,
     ClientState,
@@ -90,7 +92,7 @@ from bench.sse_client import (
     subscribe,
     tree_cpu,
 )
-from bench.stats import percentile
+from bench.stats import machine_speed, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 # One `ferryman worker --concurrency` takes at most this many.
@@ -356,11 +358,9 @@ class Sample:
     bus: float | None
 
 
-def bus_notifications(base_url: str) -> float | None:
-    import httpx
-
+def bus_notifications(client: httpx.Client) -> float | None:
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=2).text
+        text = client.get("/metrics").text
     except httpx.HTTPError:
         return None
     for line in text.splitlines():
@@ -392,6 +392,9 @@ class Monitor(threading.Thread):
         self.worker_rss_peak: dict[int, int] = {}
         self.halt = threading.Event()
         self.lock = threading.Lock()
+        # One connection for the run: a client per sample built a TLS context each time (for a
+        # plain-HTTP scrape), a fifth of a core taken from the machine being measured.
+        self.scrape = httpx.Client(base_url=api_url, timeout=2, verify=False, trust_env=False)
 
     def sample(self) -> Sample:
         values = self.counters[:]
@@ -417,7 +420,7 @@ class Monitor(threading.Thread):
             ended=sum(values[1::3]),
             tokens=sum(values[2::3]),
             counters=self.probe.counters(),
-            bus=bus_notifications(self.api_url),
+            bus=bus_notifications(self.scrape),
         )
         with self.lock:
             self.samples.append(sample)
@@ -499,6 +502,7 @@ class Result:
     tokens_expected: int
     tokens_received: int
     tokens_lost: int
+    tokens_lost_at_end: int  # after a session's last token received: its turn's last frame
     tokens_duplicated: int
     frames: int
     tokens_per_frame: float
@@ -540,6 +544,9 @@ class Result:
     workers_cpu_pct: float
     worker_hwm_mb: float
     clients_cpu_pct: float
+    # CPU time per token delivered over the full-load window, by process: the figures that hold
+    # on a busy machine, where latency does not (`cpu_per_token`).
+    cpu_us_per_token: dict[str, float]
     machine_cpu_pct: float
     load_before: float
     problems: list[str]
@@ -565,7 +572,7 @@ def token_figures(
     delivery: list[float] = []
     streams: list[float] = []
     durable: list[float] = []
-    lost = duplicated = frames = inconsistent = received = 0
+    lost = lost_at_end = duplicated = frames = inconsistent = received = 0
     slack = 0.001  # `ts` is cut to the millisecond
     for _sid, arrival, ts, first, last, events, _error in sessions:
         frames += len(arrival)
@@ -601,6 +608,8 @@ def token_figures(
         for i in range(tokens - 2, -1, -1):
             hi[i] = min(hi[i], hi[i + 1] - step)
         emitted: list[float] = []
+        last_got = max((i for i in range(tokens) if not math.isnan(got[i])), default=-1)
+        lost_at_end += tokens - 1 - last_got
         for i in range(tokens):
             if math.isnan(got[i]):
                 lost += 1
@@ -631,6 +640,7 @@ def token_figures(
         "streams": streams,
         "durable": durable,
         "lost": lost,
+        "lost_at_end": lost_at_end,
         "duplicated": duplicated,
         "frames": frames,
         "received": received,
@@ -791,6 +801,8 @@ def run_scenario(
         finally:
             if monitor is not None:
                 monitor.halt.set()
+                monitor.join(5)
+                monitor.scrape.close()
             if clients is not None:
                 clients.stop.set()
             gone_by = time.monotonic() + 2
@@ -850,6 +862,17 @@ def run_scenario(
         r = rate(a, b, value)
         return math.nan if r is None else r * 100
 
+    delivered = b.tokens - a.tokens
+    cpu_per_token = {
+        name: (value(b) - value(a)) / delivered * 1e6 if delivered else math.nan
+        for name, value in (
+            ("api", lambda s: s.api_cpu),
+            ("workers", lambda s: s.workers_cpu),
+            ("db", lambda s: s.db_cpu),
+            ("clients", lambda s: s.clients_cpu),
+        )
+    }
+
     return Result(
         system=system,
         sessions=n,
@@ -868,6 +891,7 @@ def run_scenario(
         tokens_expected=n * tokens,
         tokens_received=figures["received"],
         tokens_lost=figures["lost"],
+        tokens_lost_at_end=figures["lost_at_end"],
         tokens_duplicated=figures["duplicated"],
         frames=figures["frames"],
         tokens_per_frame=figures["received"] / max(1, figures["frames"]),
@@ -911,6 +935,7 @@ def run_scenario(
         workers_cpu_pct=pct(lambda s: s.workers_cpu),
         worker_hwm_mb=mb(max((hwm.get(w.pid, 0) for w in workers), default=0)),
         clients_cpu_pct=pct(lambda s: s.clients_cpu),
+        cpu_us_per_token=cpu_per_token,
         machine_cpu_pct=machine,
         load_before=load_before,
         problems=problems,
@@ -952,6 +977,8 @@ def fmt(value: Any, spec: str) -> str:
     return spec.format(value)
 
 
+CPU_KINDS = ("api", "workers", "db", "clients")
+
 ROWS: list[tuple[str, Any]] = [
     ("workers x slots", lambda r: f"{r.workers} x {r.concurrency}"),
     ("sessions succeeded", lambda r: f"{r.succeeded}/{r.sessions}"),
@@ -962,8 +989,10 @@ ROWS: list[tuple[str, Any]] = [
     ("full-load window (s, >= sessions)", lambda r: f"{r.window_s:.0f}, >= {r.window_floor}"),
     ("tokens received / expected", lambda r: f"{r.tokens_received}/{r.tokens_expected}"),
     (
-        "tokens lost / duplicated / out of bracket",
-        lambda r: f"{r.tokens_lost} / {r.tokens_duplicated} / {r.inconsistent}",
+        "tokens lost (of them at a turn's end) / duplicated / out of bracket",
+        lambda r: (
+            f"{r.tokens_lost} ({r.tokens_lost_at_end}) / {r.tokens_duplicated} / {r.inconsistent}"
+        ),
     ),
     ("delta frames (tokens per frame)", lambda r: f"{r.frames} ({r.tokens_per_frame:.2f})"),
     ("token latency p50, full load (ms)", lambda r: fmt(r.token_p50_ms, "{:.1f}")),
@@ -1014,6 +1043,10 @@ ROWS: list[tuple[str, Any]] = [
     ("API CPU (% of one core)", lambda r: fmt(r.api_cpu_pct, "{:.0f}")),
     ("API RSS peak sampled / VmHWM (MB)", lambda r: f"{r.api_rss_mb:.0f} / {r.api_hwm_mb:.0f}"),
     ("client processes CPU (% of one core)", lambda r: fmt(r.clients_cpu_pct, "{:.0f}")),
+    (
+        "CPU per token delivered (µs): API / workers / PostgreSQL / clients",
+        lambda r: " / ".join(fmt(r.cpu_us_per_token[k], "{:.1f}") for k in CPU_KINDS),
+    ),
     ("machine CPU busy (% of all cores)", lambda r: fmt(r.machine_cpu_pct, "{:.0f}")),
     ("load average before", lambda r: f"{r.load_before:.1f}"),
 ]
@@ -1167,7 +1200,8 @@ def main() -> int:
     print(
         f"machine: {os.cpu_count()} cores; {args.rate:g} tokens/s for {args.duration:g}s per "
         f"session; sessions {args.sessions}; niceness {os.nice(0)}; "
-        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}",
+        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; "
+        f"one core's speed {machine_speed():.2f} s (bench/stats.py: machine_speed)",
         flush=True,
     )
     results: list[Result] = []
@@ -1208,7 +1242,10 @@ def main() -> int:
                     print(f"[{n} sessions]   {line}", flush=True)
     print()
     print(report(results))
-    print(f"\nload average after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    print(
+        f"\nload average after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}; "
+        f"one core's speed {machine_speed():.2f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2))
     ok = all(r.succeeded == r.sessions and r.tokens_lost == 0 for r in results)

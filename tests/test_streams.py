@@ -34,7 +34,13 @@ from app.bus import Bus
 from app.db.pool import Database
 from app.store import retention
 from app.store.events import append_owner_event
-from app.store.notify import STREAMS_CHANNEL, notify
+from app.store.notify import (
+    STREAMS_CHANNEL,
+    ephemeral_body,
+    ephemeral_payloads,
+    notify,
+    session_key,
+)
 from app.store.notify import owner_key as owner_feed_key
 from app.streams.feed import FeedHub, FeedSource, Page
 from app.streams.frames import Event, owner_event
@@ -1322,8 +1328,7 @@ async def test_the_fallback_poll_does_not_overtake_a_late_bus(database_url: str)
     message, the stream would send it, and then drop the delta as late (`in_order`): a token
     lost. The poll waits until the bus has heard its own marker, sent after the head was
     read, so the delta is in the feed first and goes out before the message."""
-    session_id = uuid.uuid4()
-    key = f"s:{session_id}"
+    key = session_key(uuid.uuid4())
     log: dict[int, Event] = {}
 
     def event(seq: int, type_: str, data: dict[str, Any]) -> Event:
@@ -1356,10 +1361,11 @@ async def test_the_fallback_poll_does_not_overtake_a_late_bus(database_url: str)
         # The run's last write: the turn's last delta, then the message (the key's own
         # notification lost, so that only the poll wakes the feed).
         envelope = json.dumps({"type": "message_delta", "afterSeq": 1, "chunk": 1, "text": "end"})
+        delta = ephemeral_body(1, "message_delta", envelope, chunk=1)
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             await conn.execute(
                 "SELECT pg_notify(%s, %s)",
-                (STREAMS_CHANNEL, f"{key}|1.1|message_delta|{envelope}"),
+                (STREAMS_CHANNEL, ephemeral_payloads([(key, delta)])[0]),
             )
         log[2] = event(2, "assistant_message", {"text": "end", "toolCalls": []})
         await wait_until(

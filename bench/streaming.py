@@ -864,13 +864,10 @@ def run_scenario(
 
     delivered = b.tokens - a.tokens
     cpu_per_token = {
-        name: (value(b) - value(a)) / delivered * 1e6 if delivered else math.nan
-        for name, value in (
-            ("api", lambda s: s.api_cpu),
-            ("workers", lambda s: s.workers_cpu),
-            ("db", lambda s: s.db_cpu),
-            ("clients", lambda s: s.clients_cpu),
-        )
+        kind: (getattr(b, f"{kind}_cpu") - getattr(a, f"{kind}_cpu")) / delivered * 1e6
+        if delivered
+        else math.nan
+        for kind in CPU_KINDS
     }
 
     return Result(
